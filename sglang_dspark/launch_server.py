@@ -1,0 +1,132 @@
+"""`python -m sglang_dspark.launch_server [SGLang flags...]`: SGLang's server with DSpark on and sane defaults.
+
+Every SGLang flag passes through unchanged; we only fill in what the user left out: the embedded model, the shipped
+drafter with DSPARK_EXT, and on a machine without a GPU the CPU engine with a bounded KV cache.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from sglang_dspark.embedded import DEFAULT_DRAFTER_DIR, DEFAULT_TARGET_DIR
+from sglang_dspark.sglang_plugin.options import ALGORITHM_NAME
+
+CPU_MAX_TOTAL_TOKENS = 32768
+
+
+def _has_flag(argv: list[str], *names: str) -> bool:
+    return any(a == n or a.startswith(n + "=") for a in argv for n in names)
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _check_model_dir(kind: str, path: str) -> str | None:
+    p = Path(path)
+    if not p.exists():
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            return f"{kind} '{path}' does not exist (and HF_HUB_OFFLINE=1: no hub download)"
+        return None  # a hub id; SGLang resolves it
+    if not p.is_dir():
+        return f"{kind} '{path}' is not a directory"
+    if not (p / "config.json").is_file():
+        return f"{kind} '{path}' has no config.json"
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        return f"{kind} '{path}' has no weight files (*.safetensors)"
+    return None
+
+
+def build_argv(argv: list[str], cuda: bool) -> list[str]:
+    """Fill in defaults; return SGLang's argv. Raises SystemExit with a one-line reason on bad paths."""
+    argv = list(argv)
+    no_dspark = "--no-dspark" in argv
+    argv = [a for a in argv if a != "--no-dspark"]
+    if "-h" in argv or "--help" in argv:
+        return argv
+
+    if not _has_flag(argv, "--model-path", "--model"):
+        argv += ["--model-path", str(DEFAULT_TARGET_DIR)]
+    model = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
+    err = _check_model_dir("model path", model)
+    if err:
+        raise SystemExit(f"sglang_dspark: {err}")
+
+    algo = _flag_value(argv, "--speculative-algorithm")
+    if no_dspark:
+        if algo and algo.upper() not in ("NONE",):
+            raise SystemExit("sglang_dspark: --no-dspark conflicts with --speculative-algorithm " + algo)
+    elif algo is None and _dspark_available():
+        argv += ["--speculative-algorithm", ALGORITHM_NAME]
+        if not _has_flag(argv, "--speculative-draft-model-path"):
+            argv += ["--speculative-draft-model-path", str(DEFAULT_DRAFTER_DIR)]
+    draft = _flag_value(argv, "--speculative-draft-model-path")
+    if draft:
+        err = _check_model_dir("drafter path", draft)
+        if err:
+            raise SystemExit(f"sglang_dspark: {err}")
+
+    if not cuda:
+        if not _has_flag(argv, "--device"):
+            argv += ["--device", "cpu"]
+        if not _has_flag(argv, "--max-total-tokens", "--mem-fraction-static"):
+            argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+        if not _has_flag(argv, "--attention-backend"):
+            argv += ["--attention-backend", "torch_native"]
+    if not _has_flag(argv, "--host"):
+        argv += ["--host", "127.0.0.1"]
+    if not _has_flag(argv, "--port"):
+        argv += ["--port", "30000"]
+    return argv
+
+
+def _dspark_available() -> bool:
+    if not (DEFAULT_DRAFTER_DIR / "config.json").exists():
+        return False
+    try:
+        import sglang_dspark.sglang_plugin.registration  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    cuda = _cuda_available()
+    if not cuda:
+        # SGLang reads this at import time to select its CPU engine.
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sglang_argv = build_argv(argv, cuda)
+
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(sglang_argv)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Our server flags (`--dspark-*`), shown in SGLang's own `--help`, carried to every SGLang process.
+
+SGLang's ServerArgs is a closed dataclass, so our values do not ride on it: the launcher process parses them with
+SGLang's parser (we add an argument group) and exports them as one JSON env var, which the scheduler processes
+SGLang spawns inherit. `DSparkOptions.current()` reads them back anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+
+ENV_VAR = "SGLANG_DSPARK_OPTIONS"
+ALGORITHM_NAME = "DSPARK_EXT"
+
+
+@dataclass
+class DSparkOptions:
+    gamma: int | None = None  # None: the drafter checkpoint's block_size
+    controller: str = "dspark"
+    sts_path: str | None = None  # None: sts.json next to the drafter, if any
+    online_calibration: bool = False
+    min_user_tps: float | None = None
+    cost_model_path: str | None = None
+    profile_cost_model: bool = True
+    draft_skip: bool = True
+    record_verify_lens: bool = False  # opt-in per-step verify lengths in meta_info
+    draft_dtype: str | None = None  # None: same as the target
+
+    @classmethod
+    def current(cls) -> "DSparkOptions":
+        raw = os.environ.get(ENV_VAR)
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"{ENV_VAR} has unknown keys {sorted(unknown)}")
+        return cls(**data)
+
+    def export(self) -> None:
+        os.environ[ENV_VAR] = json.dumps(asdict(self))
+
+
+def add_dspark_args(parser: argparse.ArgumentParser) -> None:
+    if any(a.dest == "dspark_controller" for a in parser._actions):
+        return
+    g = parser.add_argument_group(
+        "DSpark (sglang_dspark)",
+        f"Options of the {ALGORITHM_NAME} speculative algorithm "
+        f"(--speculative-algorithm {ALGORITHM_NAME} --speculative-draft-model-path DRAFTER).",
+    )
+    d = DSparkOptions()
+    g.add_argument("--dspark-gamma", type=int, default=d.gamma,
+                   help="Draft block length gamma (default: the drafter's block_size).")
+    g.add_argument("--dspark-controller", type=str, default=d.controller,
+                   help="Verify-length policy: dspark, dspark-async, sps-topk, fixed:G, threshold:C.")
+    g.add_argument("--dspark-sts-path", type=str, default=d.sts_path,
+                   help="Sequential temperature scaling JSON (default: sts.json next to the drafter).")
+    g.add_argument("--dspark-online-calibration", action="store_true",
+                   help="Refit the confidence temperatures from live outcomes when ECE drifts.")
+    g.add_argument("--dspark-min-user-tps", type=float, default=d.min_user_tps,
+                   help="SLA floor: keep each request's expected tokens/s above this when capacity allows.")
+    g.add_argument("--dspark-cost-model-path", type=str, default=d.cost_model_path,
+                   help="Engine cost model JSON to load instead of profiling at start.")
+    g.add_argument("--dspark-no-profile", dest="dspark_profile_cost_model", action="store_false",
+                   help="Do not profile the engine cost model at start (use a cached or default one).")
+    g.add_argument("--dspark-no-draft-skip", dest="dspark_draft_skip", action="store_false",
+                   help="Always draft, even when the controller expects to verify nothing.")
+    g.add_argument("--dspark-record-verify-lens", action="store_true",
+                   help="Return the per-step verify lengths of each request in meta_info.")
+
+
+def options_from_namespace(ns: argparse.Namespace) -> DSparkOptions:
+    values = {}
+    for f in fields(DSparkOptions):
+        key = f"dspark_{f.name}"
+        if hasattr(ns, key):
+            values[f.name] = getattr(ns, key)
+    return DSparkOptions(**values)
+
+
+def add_launcher_args(parser: argparse.ArgumentParser) -> None:
+    """Flags only `python -m sglang_dspark.launch_server` acts on (SGLang's own launcher ignores them)."""
+    if any(a.dest == "no_dspark" for a in parser._actions):
+        return
+    g = parser.add_argument_group("sglang_dspark launcher")
+    g.add_argument("--no-dspark", action="store_true",
+                   help="Serve without speculative decoding (same as --speculative-algorithm NONE).")
