@@ -1,0 +1,33 @@
+"""`python -m sglang_dspark.bench {baseline,serve,sim}`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+SUBCOMMANDS = {
+    "baseline": "sglang_dspark.bench.baseline",
+    "serve": "sglang_dspark.bench.serve",
+    "sim": "sglang_dspark.bench.sim",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sglang_dspark.bench")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    modules = {}
+    for name, mod_name in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name != mod_name:
+                raise
+            continue
+        modules[name] = mod
+        mod.add_args(sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0]))
+    args = parser.parse_args(argv)
+    modules[args.cmd].run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Stage `generate`: regenerate assistant responses with the target through SGLang's offline Engine.
+
+The drafter must learn the target's own distribution, not the dataset authors', so every training prompt is answered
+again by the target (reference recipe: temperature 0.7, top-p 0.8, top-k 20). Output rows are
+`{"id", "source", "messages": [{"role", "content"}, ...]}`, appended chunk by chunk so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from tqdm import tqdm
+
+DEFAULT_SOURCES = ["arena-hard-v2", "livecodebench", "lbpp", "swe-bench", "aime24", "aime25"]
+MAX_PROMPT_CHARS = 6000  # swe-bench issues run long; the drafter learns from the response, not the prompt
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="target HF dir (default: embedded model)")
+    p.add_argument("--out", default="runs/data/generated.jsonl")
+    p.add_argument("--sources", nargs="+", default=DEFAULT_SOURCES,
+                   help="names under shared/data/train or JSONL paths")
+    p.add_argument("--limit", type=int, default=None, help="max prompts in total (interleaved over sources)")
+    p.add_argument("--max-new-tokens", type=int, default=320)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--batch", type=int, default=32, help="prompts per Engine.generate call (one resume unit)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--max-total-tokens", type=int, default=65536)
+
+
+def _load_prompt_rows(sources: list[str]) -> list[tuple[str, str, str]]:
+    from sglang_dspark.bench.prompts import data_root
+
+    per_source = []
+    for src in sources:
+        path = Path(src) if src.endswith(".jsonl") else data_root() / "train" / f"{src}.jsonl"
+        name = path.stem
+        rows = []
+        with open(path) as f:
+            for i, line in enumerate(f):
+                if line.strip():
+                    rows.append((f"{name}-{i}", name, json.loads(line)["turns"][0][:MAX_PROMPT_CHARS]))
+        per_source.append(rows)
+    # Interleave so a --limit run still covers every domain.
+    out = []
+    for i in range(max(len(r) for r in per_source)):
+        out.extend(r[i] for r in per_source if i < len(r))
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    from sglang_dspark.embedded import DEFAULT_TARGET_DIR
+
+    target = args.target or str(DEFAULT_TARGET_DIR)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = set()
+    if out.exists():
+        with open(out) as f:
+            done = {json.loads(line)["id"] for line in f if line.strip()}
+    rows = _load_prompt_rows(args.sources)
+    if args.limit is not None:
+        rows = rows[: args.limit]
+    todo = [r for r in rows if r[0] not in done]
+    print(f"generate: {len(rows)} prompts, {len(done)} already done, {len(todo)} to go -> {out}")
+    if not todo:
+        return
+
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import sglang as sgl
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    engine = sgl.Engine(model_path=target, device="cpu", attention_backend="torch_native",
+                        max_total_tokens=args.max_total_tokens, log_level="warning", random_seed=args.seed)
+    params = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+              "max_new_tokens": args.max_new_tokens}
+    bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="generate", unit="prompt")
+    n_tokens = 0
+    try:
+        for start in range(0, len(todo), args.batch):
+            chunk = todo[start : start + args.batch]
+            texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                             add_generation_prompt=True) for _, _, p in chunk]
+            outs = engine.generate(prompt=texts, sampling_params=params)
+            with open(out, "a") as f:
+                for (rid, src, prompt), o in zip(chunk, outs):
+                    n_tokens += o["meta_info"]["completion_tokens"]
+                    f.write(json.dumps({"id": rid, "source": src, "messages": [
+                        {"role": "user", "content": prompt}, {"role": "assistant", "content": o["text"]}]}) + "\n")
+            bar.update(len(chunk))
+            bar.set_postfix(tokens=n_tokens)
+    finally:
+        bar.close()
+        engine.shutdown()
