@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 DEFAULT_SOURCES = ["arena-hard-v2", "livecodebench", "lbpp", "swe-bench", "aime24", "aime25"]
-MAX_PROMPT_CHARS = 6000  # swe-bench issues run long; the drafter learns from the response, not the prompt
+MAX_PROMPT_CHARS = 2000  # long prompts (swe-bench) cost CPU prefill time; the drafter learns from responses
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sources", nargs="+", default=DEFAULT_SOURCES,
                    help="names under shared/data/train or JSONL paths")
     p.add_argument("--limit", type=int, default=None, help="max prompts in total (interleaved over sources)")
-    p.add_argument("--max-new-tokens", type=int, default=320)
+    p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=20)
@@ -99,3 +99,13 @@ def run(args: argparse.Namespace) -> None:
     finally:
         bar.close()
         engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sglang_dspark.train generate")
+    add_args(p)
+    run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

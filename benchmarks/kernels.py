@@ -1,0 +1,281 @@
+"""GPU check + timing of the kernels/ package against its torch references (issue #7).
+
+    .venv/bin/python benchmarks/kernels.py [--out benchmarks/results/kernels.json] [--iters 20] [--quick]
+
+Per kernel: correctness vs the torch reference on the benchmark inputs, then the median of `iters` timed runs
+(CUDA events around each run, after warm-up). Targets checked and printed:
+  markov sampler  R=128 G=7 V=151936 r=256 bf16: Triton >= 5x faster than the torch loop
+  ragged accept   R=256 G=7 V=151936: <= 20 us (greedy; sampling reads a full target row per request, so
+                  it is bandwidth-bound at about R*V*4 bytes and reported against the same line)
+  ragged verify   FlashInfer CUDA-graph step (stage + replay) within 10% of the eager step (plan + run)
+Exits 0 with a message when no GPU is present. Budget: well under 5 minutes on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: the kernels/ package
+
+
+DEVICE = "cuda"
+# (full, --quick) shapes; module-level so a CPU smoke run can shrink them
+SHAPES = dict(
+    markov=((128, 7, 151936, 256), (32, 7, 151936, 256)),  # R, G, V, rank
+    accept=((256, 7, 151936), (64, 7, 151936)),  # R, G, V
+    verify=((64, 8, 2048), (16, 8, 2048)),  # slots, width (gamma + 1), max prefix
+)
+
+
+def _shape(name: str, quick: bool):
+    return SHAPES[name][1 if quick else 0]
+
+
+def bench_ms(fn, iters: int, warmup: int = 3) -> float:
+    """Median milliseconds of fn() over iters runs, each bracketed by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------- markov sampler
+
+
+def torch_loop_native_rng(U, w1, w2, anchor, temps, seeds):
+    """A plain torch implementation of the vanilla Markov sampler (torch's own RNG): the realistic baseline."""
+    del seeds
+    R, G, V = U.shape
+    greedy = temps < 1e-5
+    inv_t = 1.0 / torch.where(greedy, torch.ones_like(temps), temps)
+    prev = anchor
+    tokens, probs = [], []
+    for k in range(G):
+        logits = U[:, k].float() + (w1[prev] @ w2.T).float()
+        p = torch.softmax(logits * inv_t[:, None], dim=-1)
+        sampled = (p / torch.empty_like(p).exponential_()).argmax(-1)
+        tok = torch.where(greedy, logits.argmax(-1), sampled)
+        probs.append(torch.where(greedy, torch.ones_like(temps), p.gather(1, tok[:, None]).squeeze(1)))
+        tokens.append(tok)
+        prev = tok
+    return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+
+def run_markov(args, results):
+    from kernels import markov_sample_reference, markov_sample_triton
+
+    R, G, V, rank = _shape("markov", args.quick)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    U = (torch.randn(R, G, V, device=DEVICE, generator=gen) * 3).bfloat16()
+    w1 = (torch.randn(V, rank, device=DEVICE, generator=gen) * 0.05).bfloat16()
+    w2 = (torch.randn(V, rank, device=DEVICE, generator=gen) * 0.05).bfloat16()
+    anchor = torch.randint(0, V, (R,), device=DEVICE, generator=gen)
+    temps = torch.where(torch.arange(R, device=DEVICE) % 4 == 0, 0.0, 1.0)
+    seeds = torch.randint(0, 2**62, (R,), device=DEVICE, generator=gen)
+    a = (U, w1, w2, anchor, temps, seeds)
+
+    got = markov_sample_triton(*a, return_logits=True)
+    ref = markov_sample_reference(*a, return_logits=True)
+    token_match = (got.tokens == ref.tokens).float().mean().item()
+    rows = (got.tokens == ref.tokens).all(1)
+    prob_err = (got.token_probs[rows] - ref.token_probs[rows]).abs().max().item() if rows.any() else float("nan")
+    logit_err = (got.logits - ref.logits).abs().max().item()
+    del got, ref
+
+    t_triton = bench_ms(lambda: markov_sample_triton(*a), args.iters)
+    t_triton_logits = bench_ms(lambda: markov_sample_triton(*a, return_logits=True), args.iters)
+    t_native = bench_ms(lambda: torch_loop_native_rng(*a), args.iters)
+    t_ref = bench_ms(lambda: markov_sample_reference(*a, return_logits=True), max(3, args.iters // 4))
+    speedup = t_native / t_triton_logits
+    results["markov_sampler"] = dict(
+        shape=dict(R=R, G=G, V=V, rank=rank, dtype="bf16"),
+        token_match=token_match, max_prob_err=prob_err, max_logit_err=logit_err,
+        ms_triton=t_triton, ms_triton_with_logits=t_triton_logits, ms_torch_loop_native_rng=t_native,
+        ms_torch_reference_same_rng=t_ref, speedup_vs_torch_loop=speedup,
+        target="speedup >= 5x", ok=bool(speedup >= 5.0 and token_match >= 0.98),
+    )
+
+
+# ----------------------------------------------------------------------------------------- ragged accept
+
+
+def run_accept(args, results):
+    from kernels import ragged_accept_reference, ragged_accept_triton
+
+    R, G, V = _shape("accept", args.quick)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    n = torch.randint(0, G + 1, (R,), device=DEVICE, generator=gen)
+    indptr = torch.zeros(R + 1, dtype=torch.int64, device=DEVICE)
+    indptr[1:] = torch.cumsum(n + 1, 0)
+    rows = int(indptr[-1])
+    target_probs = torch.softmax(torch.randn(rows, V, device=DEVICE, generator=gen) * 4, -1)
+    target_argmax = target_probs.argmax(-1)
+    draft_logits = torch.randn(R, G, V, device=DEVICE, generator=gen) * 4
+    draft_lse = torch.logsumexp(draft_logits, -1)
+    # drafts: the target argmax of their row most of the time (high acceptance, like a good drafter)
+    row_of = (indptr[:-1, None] + torch.arange(G, device=DEVICE)[None, :]).clamp(max=rows - 1)
+    drafts = torch.where(torch.rand(R, G, device=DEVICE, generator=gen) < 0.8, target_argmax[row_of],
+                         torch.randint(0, V, (R, G), device=DEVICE, generator=gen))
+    seeds = torch.randint(0, 2**62, (R,), device=DEVICE, generator=gen)
+    out = {}
+    for mode, temps in (("greedy", torch.zeros(R, device=DEVICE)), ("sampling", torch.ones(R, device=DEVICE))):
+        kw = dict(target_argmax=target_argmax) if mode == "greedy" else dict(
+            target_argmax=target_argmax, target_probs=target_probs, draft_logits=draft_logits, draft_lse=draft_lse)
+        base = (drafts, n, indptr, temps, seeds)
+        a_k, o_k = ragged_accept_triton(*base, **kw)
+        a_r, o_r = ragged_accept_reference(*base, **kw)
+        match = ((a_k == a_r) & (o_k == o_r).all(1)).float().mean().item()
+        t_k = bench_ms(lambda: ragged_accept_triton(*base, **kw), args.iters * 5)
+        t_r = bench_ms(lambda: ragged_accept_reference(*base, **kw), args.iters)
+        out[mode] = dict(request_match=match, us_triton=t_k * 1e3, us_torch_reference=t_r * 1e3,
+                         mean_accept=a_k.float().mean().item(), ok=bool(t_k * 1e3 <= 20.0 and match >= 0.98))
+    results["ragged_accept"] = dict(shape=dict(R=R, G=G, V=V), target="<= 20 us", **out)
+
+
+# ----------------------------------------------------------------------------------------- ragged verify
+
+
+def run_verify(args, results):
+    from kernels import (HAS_FLASHINFER, FlashInferRaggedVerify, kv_indptr_from_lens,
+                         ragged_verify_attention_reference, ragged_verify_attention_triton)
+    from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR
+
+    H, Hkv, hd, ps = 32, 8, 128, 16  # Qwen3-8B attention
+    slots, width, max_prefix = _shape("verify", args.quick)
+    num_tokens = slots * width
+    gen = torch.Generator().manual_seed(2)
+
+    def layout(live, max_prefix):
+        n = torch.randint(1, width + 1, (live,), generator=gen, dtype=torch.int32)
+        lens = torch.randint(16, max_prefix, (live,), generator=gen, dtype=torch.int32) + n
+        qo = torch.zeros(live + 1, dtype=torch.int32)
+        qo[1:] = torch.cumsum(n, 0)
+        kvp = kv_indptr_from_lens(lens, ps)
+        return qo, kvp, lens
+
+    num_pages = slots * (max_prefix + width) // ps + slots + 8
+    k = (torch.randn(num_pages, ps, Hkv, hd, device=DEVICE) * 0.5).bfloat16()
+    v = (torch.randn(num_pages, ps, Hkv, hd, device=DEVICE) * 0.5).bfloat16()
+    qo, kvp, lens = layout(slots - slots // 8, max_prefix)  # a live step below the bucket
+    pages = torch.randperm(num_pages, generator=gen)[: int(kvp[-1])].to(torch.int32).to(DEVICE)
+    q = torch.randn(int(qo[-1]), H, hd, device=DEVICE).bfloat16()
+    dev = (q, k, v, qo.to(DEVICE), kvp.to(DEVICE), pages, lens.to(DEVICE))
+    ref = ragged_verify_attention_reference(*dev)
+    got = ragged_verify_attention_triton(*dev, max_qo_len=width)
+    entry = dict(shape=dict(slots=slots, tokens=num_tokens, live_tokens=int(qo[-1]), H=H, Hkv=Hkv, hd=hd,
+                            page_size=ps, max_prefix=max_prefix),
+                 triton_max_err=(got.float() - ref.float()).abs().max().item(),
+                 us_triton=bench_ms(lambda: ragged_verify_attention_triton(*dev, max_qo_len=width), args.iters) * 1e3)
+    if not HAS_FLASHINFER:
+        entry["flashinfer"] = f"skipped: flashinfer not importable ({FLASHINFER_IMPORT_ERROR})"
+        results["ragged_verify"] = entry
+        return
+    fiv = FlashInferRaggedVerify(num_tokens, slots, max_pages=num_pages, num_qo_heads=H, num_kv_heads=Hkv,
+                                 head_dim=hd, page_size=ps, dtype=torch.bfloat16)
+    qo_c, kvp_c, lens_c = layout(slots, max_prefix)  # capture layout: any layout works (sink slot pads)
+    pages_c = torch.randperm(num_pages, generator=gen)[: int(kvp_c[-1])].to(torch.int32).to(DEVICE)
+    t0 = time.perf_counter()
+    fiv.stage(qo_c, kvp_c, pages_c, lens_c)
+    fiv.capture_graph(k, v)
+    capture_s = time.perf_counter() - t0
+
+    def eager_step():
+        fiv.stage(qo, kvp, pages, lens)
+        return fiv.run_eager(q, k, v)
+
+    def graph_step():
+        fiv.stage(qo, kvp, pages, lens)
+        return fiv.replay(q)
+
+    graph_out = graph_step().clone()
+    eager_out = eager_step().clone()
+    t_eager = bench_ms(eager_step, args.iters)
+    t_graph = bench_ms(graph_step, args.iters)
+    fiv.stage(qo, kvp, pages, lens)
+    t_run = bench_ms(lambda: fiv.run_eager(q, k, v), args.iters)
+    t_replay = bench_ms(lambda: fiv.replay(q), args.iters)
+    t_plan = bench_ms(lambda: fiv.stage(qo, kvp, pages, lens), args.iters)
+    entry.update(
+        flashinfer_graph_max_err=(graph_out.float() - ref.float()).abs().max().item(),
+        flashinfer_eager_max_err=(eager_out.float() - ref.float()).abs().max().item(),
+        capture_s=capture_s, us_eager_step_plan_run=t_eager * 1e3, us_graph_step_plan_replay=t_graph * 1e3,
+        us_run_only=t_run * 1e3, us_replay_only=t_replay * 1e3, us_plan_only=t_plan * 1e3,
+        graph_over_eager=t_graph / t_eager, target="graph step within 10% of eager step (or faster)",
+        ok=bool(t_graph <= 1.10 * t_eager),
+    )
+    results["ragged_verify"] = entry
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "kernels.json"))
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="smaller shapes (smoke test)")
+    parser.add_argument("--only", choices=["markov", "accept", "verify"], action="append")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/kernels.py: no CUDA device; nothing to measure (kernels are tested on CPU by "
+              "tests/unit/test_kernels_*.py under TRITON_INTERPRET=1).")
+        return 0
+    from kernels import HAS_TRITON
+
+    if not HAS_TRITON:
+        print("benchmarks/kernels.py: triton is not importable; nothing to measure.")
+        return 0
+    results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    import triton
+
+    results["triton"] = triton.__version__
+    started = time.perf_counter()
+    for name, fn in (("markov", run_markov), ("accept", run_accept), ("verify", run_verify)):
+        if args.only and name not in args.only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            fn(args, results)
+        except Exception as exc:  # report and keep going: one broken kernel must not hide the others
+            results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"[{name}] {time.perf_counter() - t0:.1f} s", flush=True)
+        torch.cuda.empty_cache()
+    results["wall_s"] = time.perf_counter() - started
+
+    print(f"\n{'kernel':<16} {'metric':<32} {'value':>14}")
+    for kernel in ("markov_sampler", "ragged_accept", "ragged_verify"):
+        for key, value in _flatten(results.get(kernel, {})):
+            shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+            print(f"{kernel:<16} {key:<32} {shown:>14}")
+    for key in ("markov_error", "accept_error", "verify_error"):
+        if key in results:
+            print(f"ERROR {key}: {results[key]}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _flatten(d: dict, prefix: str = ""):
+    for key, value in d.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

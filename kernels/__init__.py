@@ -1,0 +1,41 @@
+"""Triton / FlashInfer kernels for DSpark, each beside the torch reference it is tested against.
+
+Import note: set TRITON_INTERPRET=1 BEFORE importing this package to run the Triton kernels on CPU tensors
+(tests do); the kernels are decorated at import time.
+"""
+
+from kernels._rng import HAS_TRITON
+from kernels.flashinfer_verify import (
+    HAS_FLASHINFER,
+    FlashInferRaggedVerify,
+    kv_indptr_from_lens,
+    ragged_verify_attention,
+    ragged_verify_attention_reference,
+    ragged_verify_attention_triton,
+)
+from kernels.markov_sampler import (
+    GREEDY_EPS,
+    MarkovSample,
+    markov_sample,
+    markov_sample_reference,
+    markov_sample_triton,
+)
+from kernels.ragged_accept import ragged_accept, ragged_accept_reference, ragged_accept_triton
+
+__all__ = [
+    "GREEDY_EPS",
+    "HAS_FLASHINFER",
+    "HAS_TRITON",
+    "FlashInferRaggedVerify",
+    "MarkovSample",
+    "kv_indptr_from_lens",
+    "markov_sample",
+    "markov_sample_reference",
+    "markov_sample_triton",
+    "ragged_accept",
+    "ragged_accept_reference",
+    "ragged_accept_triton",
+    "ragged_verify_attention",
+    "ragged_verify_attention_reference",
+    "ragged_verify_attention_triton",
+]

@@ -1,0 +1,34 @@
+"""Verify-length control: cost model, calibration monitor and policies (pure torch/numpy, no SGLang)."""
+
+from .base import BatchContext, StepOutcome, VerifyLengthPolicy, survival
+from .calibration import CalibrationMonitor, fit_sts_grid
+from .cost_model import CostSample, EngineCostModel
+from .dspark import DSparkPolicy, algorithm1
+from .dspark_async import DSparkAsyncPolicy
+from .factory import make_policy
+from .fixed import FixedPolicy
+from .oracle import OraclePolicy
+from .sla import SlaResult, apply_sla
+from .sps_topk import SpsTopKPolicy
+from .threshold import ThresholdPolicy
+
+__all__ = [
+    "BatchContext",
+    "CalibrationMonitor",
+    "CostSample",
+    "DSparkAsyncPolicy",
+    "DSparkPolicy",
+    "EngineCostModel",
+    "FixedPolicy",
+    "OraclePolicy",
+    "SlaResult",
+    "SpsTopKPolicy",
+    "StepOutcome",
+    "ThresholdPolicy",
+    "VerifyLengthPolicy",
+    "algorithm1",
+    "apply_sla",
+    "fit_sts_grid",
+    "make_policy",
+    "survival",
+]

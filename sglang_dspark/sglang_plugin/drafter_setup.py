@@ -1,0 +1,56 @@
+"""Load our drafter next to a running SGLang target, checking that the two fit together."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sglang_dspark.drafter.checkpoint import load_drafter
+from sglang_dspark.drafter.config import DSparkConfig
+from sglang_dspark.drafter.sts import load_sts
+
+
+class DrafterMismatchError(ValueError):
+    pass
+
+
+def check_drafter_fits(cfg: DSparkConfig, hidden_size: int, vocab_size: int, num_layers: int) -> None:
+    problems = []
+    if cfg.hidden_size != hidden_size:
+        problems.append(f"hidden_size {cfg.hidden_size} != target hidden_size {hidden_size}")
+    if cfg.vocab_size != vocab_size:
+        problems.append(f"vocab_size {cfg.vocab_size} != target vocab_size {vocab_size}")
+    if cfg.num_target_layers != num_layers:
+        problems.append(f"num_target_layers {cfg.num_target_layers} != target num_hidden_layers {num_layers}")
+    bad_ids = [i for i in cfg.target_layer_ids if not 0 <= i < num_layers - 1]
+    if bad_ids:
+        problems.append(f"target_layer_ids {bad_ids} not capturable (must be in [0, {num_layers - 2}])")
+    if problems:
+        raise DrafterMismatchError("DSPARK_EXT drafter does not fit the target: " + "; ".join(problems))
+
+
+def _weight(module) -> torch.Tensor | None:
+    w = getattr(module, "weight", None)
+    return None if w is None else w.detach()
+
+
+def load_drafter_for_target(path: str, target_model, model_config, options, device):
+    if not path or not os.path.isdir(path):
+        raise DrafterMismatchError(f"DSPARK_EXT needs --speculative-draft-model-path DIR; got {path!r}")
+    cfg = DSparkConfig.from_json(os.path.join(path, "config.json"))
+    hf = model_config.hf_config
+    check_drafter_fits(cfg, hf.hidden_size, hf.vocab_size, hf.num_hidden_layers)
+    dtype = getattr(torch, options.draft_dtype) if options.draft_dtype else model_config.dtype
+    inner = getattr(target_model, "model", target_model)
+    embed = _weight(getattr(inner, "embed_tokens", None))
+    lm_head = _weight(getattr(target_model, "lm_head", None))
+    if lm_head is None or lm_head.shape[0] < cfg.vocab_size:
+        lm_head = embed  # tied embeddings
+    if embed is not None:
+        embed = embed[: cfg.vocab_size]
+    if lm_head is not None:
+        lm_head = lm_head[: cfg.vocab_size]
+    drafter = load_drafter(path, target_embed=embed, target_lm_head=lm_head, dtype=dtype, device=device)
+    sts = load_sts(options.sts_path) if options.sts_path else drafter.sts_temperatures
+    return drafter, sts

@@ -1,0 +1,51 @@
+"""Per-step DSpark statistics as the worker hands them to SGLang (meta_info) and to metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepStats:
+    batch_size: int
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    verify_lens: list[int] = field(default_factory=list)
+    accept_lens: list[int] = field(default_factory=list)
+    fallback: str | None = None
+
+    def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
+        self.verify_lens = verify_lens.tolist()
+        self.accept_lens = accept_lens.tolist()
+        self.fallback = fallback
+
+    def customized_info(self, record_verify_lens: bool) -> dict[str, list]:
+        """One value per request for this step; SGLang's tokenizer side appends them per request."""
+        drafted = 0 if self.fallback else 1
+        info = {
+            "dspark_drafted": [drafted] * self.batch_size,
+            "dspark_verified": list(self.verify_lens),
+            "dspark_accepted": list(self.accept_lens),
+        }
+        if record_verify_lens:
+            info["dspark_verify_lens"] = list(self.verify_lens)
+        return info
+
+
+@dataclass
+class WorkerCounters:
+    steps: int = 0
+    fallbacks: int = 0
+    verified: int = 0
+    accepted: int = 0
+    requests_finished: int = 0
+    last_step_s: float | None = None
+
+    def add(self, s: StepStats) -> None:
+        self.steps += 1
+        self.fallbacks += s.fallback is not None
+        self.verified += sum(s.verify_lens)
+        self.accepted += sum(s.accept_lens)
+        self.last_step_s = s.draft_s + s.verify_s

@@ -1,0 +1,267 @@
+"""DSPARK_EXT speculative worker (SGLang 0.5.23 V2 worker schema, overlap off).
+
+One decode step for R running requests:
+  draft   : our drafter proposes gamma tokens per request from its slot-indexed context pool (one backbone pass,
+            then the sequential Markov head) with per-position confidences;
+  plan    : a controller picks l_r in [0, gamma] from calibrated confidences and the engine cost model;
+  verify  : ONE ragged target EXTEND forward over sum_r(1 + l_r) tokens, capturing the drafter's target layers;
+  accept  : greedy prefix match, or rejection sampling against SGLang's processed target distribution;
+  commit  : accepted tokens + bonus go back to the scheduler, which appends them and moves the KV length;
+            the drafter context of every verified slot is (re)written; rejected slots lie past the committed
+            length and get overwritten next step.
+A drafter failure (exception or non-finite output) makes that step a plain decode step (all l_r = 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessorOutput
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+from sglang_dspark.control import BatchContext, CalibrationMonitor, EngineCostModel, StepOutcome, make_policy
+from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
+from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
+from sglang_dspark.sglang_plugin.options import DSparkOptions
+from sglang_dspark.sglang_plugin.state import DSparkDraftState
+from sglang_dspark.sglang_plugin.stats import StepStats, WorkerCounters
+from sglang_dspark.sglang_plugin.verify_batch import rewrite_as_verify_extend
+from sglang_dspark.verify import accept_greedy, accept_rejection
+from sglang_dspark.verify.target_dist import process_logits, target_probs
+
+logger = logging.getLogger(__name__)
+
+
+class DrafterFailure(RuntimeError):
+    pass
+
+
+class DSparkExtWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = self.model_runner.device
+        self.options = DSparkOptions.current()
+        spec = get_spec()
+        self.gamma = int(spec.speculative_num_steps)
+        self.stride = int(spec.speculative_num_draft_tokens)
+        model = self.model_runner.model
+        self.drafter, sts = load_drafter_for_target(server_args.speculative_draft_model_path, model,
+                                                     self.model_runner.model_config, self.options, self.device)
+        if self.drafter.block_size < self.gamma:
+            raise ValueError(f"DSPARK_EXT: gamma {self.gamma} exceeds the drafter's block_size "
+                             f"{self.drafter.block_size}")
+        ids = list(self.drafter.config.target_layer_ids)
+        setter = getattr(model, "set_dflash_layers_to_capture", None) or getattr(
+            model, "set_eagle3_layers_to_capture", None)
+        if setter is None:
+            raise ValueError(f"DSPARK_EXT: target model {type(model).__name__} cannot capture aux hidden states")
+        setter(ids)
+        model.logits_processor.keep_last_hidden_states = True
+        self.num_features = len(ids)
+
+        self.calibration = CalibrationMonitor(self.gamma, online=self.options.online_calibration,
+                                              temperatures=(sts or [1.0] * self.drafter.block_size)[: self.gamma])
+        self.cost_model = EngineCostModel()
+        self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
+        self.counters = WorkerCounters()
+        self.context_pool: DraftContextPool | None = None
+        self.step_index = 0
+        self.inject_nan_steps = 0  # tests: make the next N drafts non-finite
+        logger.info("DSPARK_EXT worker: gamma=%d controller=%s drafter layers=%d target_layer_ids=%s",
+                    self.gamma, self.options.controller, self.drafter.config.num_hidden_layers, ids)
+
+    # ------------------------------------------------------------------ lifecycle
+    def alloc_memory_pool(self, *args, **kwargs):
+        out = super().alloc_memory_pool(*args, **kwargs)
+        allocator = self.token_to_kv_pool_allocator
+        num_slots = allocator.size + max(getattr(allocator, "page_size", 1), 1) + 1
+        self.context_pool = DraftContextPool(self.drafter, num_slots, self.device, self.drafter.fc.weight.dtype)
+        logger.info("DSPARK_EXT drafter context pool: %d slots, %.1f MB", num_slots, self.context_pool.bytes / 2**20)
+        return out
+
+    # ------------------------------------------------------------------ per step
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, *, pp_proxy_tensors=None):
+        if batch.forward_mode.is_extend():
+            result = self._prefill(batch)
+        elif batch.forward_mode.is_decode():
+            result = self._decode(batch)
+        else:
+            raise NotImplementedError(f"DSPARK_EXT: forward mode {batch.forward_mode} is not supported")
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        return result
+
+    def _prefill(self, batch) -> GenerationBatchResult:
+        res = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        out = res.logits_output
+        prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
+        ext = torch.tensor(batch.extend_lens, dtype=torch.int64)
+        rows = torch.repeat_interleave(torch.arange(len(ext)), ext)
+        starts = torch.cumsum(ext, 0) - ext
+        positions = prefix[rows] + torch.arange(int(ext.sum())) - starts[rows]
+        self.context_pool.write(batch.out_cache_loc, positions.to(self.device), self._features(out))
+        out.hidden_states = None
+        out.last_hidden_states = None
+        bs = len(batch.reqs)
+        return GenerationBatchResult(
+            logits_output=out, next_token_ids=res.next_token_ids,
+            accept_lens=torch.ones(bs, dtype=torch.int32), new_seq_lens=batch.seq_lens,
+            next_draft_input=DSparkDraftState(res.next_token_ids.clone()),
+            speculative_num_draft_tokens=self.stride, can_run_cuda_graph=res.can_run_cuda_graph,
+        )
+
+    def _features(self, out) -> torch.Tensor:
+        feats = out.hidden_states
+        d = self.drafter.config.hidden_size
+        if feats is None or feats.shape[-1] != self.num_features * d:
+            raise RuntimeError(f"DSPARK_EXT: expected captured features of width {self.num_features * d}, got "
+                               f"{None if feats is None else tuple(feats.shape)}")
+        return feats
+
+    def _draft(self, batch, anchors, committed, draft_temps):
+        t0 = time.perf_counter()
+        k, v, valid = self.context_pool.gather(self.req_to_token_pool.req_to_token, batch.req_pool_indices, committed)
+        prop = self.drafter.propose(anchors, committed, k, v, valid, draft_temps)
+        tokens, logits, conf = prop.tokens[:, : self.gamma], prop.logits[:, : self.gamma], prop.conf_logits[:, : self.gamma]
+        if self.inject_nan_steps > 0:
+            self.inject_nan_steps -= 1
+            logits = torch.full_like(logits, float("nan"))
+        if not (torch.isfinite(logits).all() and torch.isfinite(conf).all()):
+            raise DrafterFailure("non-finite drafter output")
+        return tokens, logits, conf, time.perf_counter() - t0
+
+    def _decode(self, batch) -> GenerationBatchResult:
+        bs = len(batch.reqs)
+        state: DSparkDraftState = batch.spec_info
+        anchors = state.anchors.to(self.device)
+        committed = batch.seq_lens_cpu.to(torch.int64)
+        committed_dev = committed.to(self.device)
+        si = batch.sampling_info
+        greedy = (si.top_ks.view(-1) == 1).to(self.device)
+        temps = si.temperatures.view(-1).to(self.device)
+        draft_temps = torch.where(greedy, torch.zeros_like(temps), temps)
+        stats = StepStats(bs)
+
+        fallback = None
+        try:
+            drafts, draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev, draft_temps)
+        except Exception as e:  # a broken drafter must never take the request down with it
+            fallback = "nan" if isinstance(e, DrafterFailure) else "exception"
+            if fallback == "exception":
+                logger.exception("DSPARK_EXT drafter failed; plain decoding for this step")
+            drafts = torch.zeros(bs, self.gamma, dtype=torch.int64, device=self.device)
+            draft_logits, conf_logits = None, None
+
+        if fallback is None:
+            conf = self.calibration.calibrate(conf_logits)
+            ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
+                               temperatures=draft_temps, last_step_time_s=self.counters.last_step_s)
+            verify_lens = self.policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
+            verify_lens = self._restrict(batch, verify_lens)
+        else:
+            verify_lens = torch.zeros(bs, dtype=torch.int64)
+
+        t0 = time.perf_counter()
+        r2t = self.req_to_token_pool.req_to_token
+        slots, positions, rows = rewrite_as_verify_extend(batch, r2t, anchors, drafts, verify_lens.to(self.device),
+                                                          committed)
+        res = self.target_worker.forward_batch_generation(batch, is_verify=True,
+                                                          capture_hidden_mode=CaptureHiddenMode.FULL)
+        out = res.logits_output
+        model = self.model_runner.model
+        logits = model.logits_processor._get_logits(out.last_hidden_states, model.lm_head,
+                                                    LogitsMetadata(forward_mode=ForwardMode.DECODE))
+        processed = process_logits(
+            logits,
+            additive=_rows_or_none(si.acc_additive_penalties, rows, si.logit_bias),
+            scaling=None if si.acc_scaling_penalties is None else si.acc_scaling_penalties[rows],
+        )
+        accept = self._accept(processed, rows, verify_lens, drafts, draft_logits, draft_temps, si, bs)
+        self.context_pool.write(slots, positions, self._features(out))
+        stats.verify_s = time.perf_counter() - t0
+
+        accept_lens = accept.accept_lens.to(torch.int64).cpu()
+        out_tokens = accept.output_tokens.clamp_min(0).to(torch.int64).cpu()
+        next_tokens = torch.zeros(bs, self.stride, dtype=torch.int64)
+        next_tokens[:, : self.gamma + 1] = out_tokens
+        commit = (accept_lens + 1).to(torch.int32)
+        new_seq_lens = committed + commit.to(torch.int64)
+        bonus = accept.bonus_tokens.to(torch.int64)
+
+        stats.finish(verify_lens, accept_lens, fallback)
+        self.counters.add(stats)
+        if fallback is None:
+            self.calibration.record(conf_logits.cpu(), verify_lens, accept_lens)
+            self.calibration.maybe_refit()
+            self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
+                                            step_time_s=stats.verify_s, kv_lens=committed))
+        self.step_index += 1
+        return GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
+                record_verify_lens=self.options.record_verify_lens)),
+            next_token_ids=next_tokens.flatten().to(self.device), accept_lens=commit.to(self.device),
+            cap_lens=verify_lens.to(torch.int32).to(self.device), new_seq_lens=new_seq_lens.to(self.device),
+            next_draft_input=DSparkDraftState(bonus.to(self.device)),
+            speculative_num_draft_tokens=self.stride, can_run_cuda_graph=False,
+        )
+
+    def _restrict(self, batch, verify_lens: torch.Tensor) -> torch.Tensor:
+        """Requests whose next-token distribution we cannot reproduce per draft position verify nothing."""
+        si = batch.sampling_info
+        if getattr(si, "grammars", None) or getattr(si, "has_custom_logit_processor", False):
+            blocked = [i for i, r in enumerate(batch.reqs)
+                       if getattr(r, "grammar", None) is not None or getattr(r, "custom_logit_processor", None)]
+            if blocked:
+                verify_lens = verify_lens.clone()
+                verify_lens[blocked] = 0
+        return verify_lens
+
+    def _accept(self, processed, rows, verify_lens, drafts, draft_logits, draft_temps, si, bs):
+        gamma = self.gamma
+        dense_index = _dense_index(verify_lens, gamma)
+        if bool((si.top_ks.view(-1) == 1).all()):
+            target_tokens = torch.zeros(bs, gamma + 1, dtype=torch.int64, device=processed.device)
+            target_tokens.view(-1)[dense_index] = processed.argmax(-1)
+            return accept_greedy(drafts, verify_lens.to(drafts.device), target_tokens)
+        p_rows = target_probs(processed, si.temperatures.view(-1)[rows], si.top_ks.view(-1)[rows],
+                              si.top_ps.view(-1)[rows], si.min_ps.view(-1)[rows] if si.need_min_p_sampling else None)
+        V = p_rows.shape[-1]
+        p = torch.zeros(bs, gamma + 1, V, dtype=p_rows.dtype, device=p_rows.device)
+        p.view(-1, V)[dense_index] = p_rows
+        if draft_logits is None:
+            q = None
+        else:
+            sampled = draft_temps > 0
+            q = torch.softmax(draft_logits / draft_temps.clamp_min(1e-6).view(-1, 1, 1), dim=-1)
+            onehot = torch.zeros_like(q).scatter_(-1, drafts.unsqueeze(-1), 1.0)
+            q = torch.where(sampled.view(-1, 1, 1), q, onehot)
+        return accept_rejection(drafts, q, p, verify_lens.to(drafts.device))
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self.counters.requests_finished += 1
+
+
+def _dense_index(verify_lens: torch.Tensor, gamma: int) -> torch.Tensor:
+    """Flat indices into [R, gamma+1] of the packed verify rows (request-major, chain order)."""
+    col = torch.arange(gamma + 1).view(1, -1)
+    take = col < (verify_lens.cpu() + 1).view(-1, 1)
+    flat = torch.arange(verify_lens.numel() * (gamma + 1)).view(-1, gamma + 1)
+    return flat[take]
+
+
+def _rows_or_none(additive, rows, bias):
+    out = None
+    if additive is not None:
+        out = additive[rows]
+    if bias is not None:
+        out = bias[rows] if out is None else out + bias[rows]
+    return out

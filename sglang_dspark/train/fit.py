@@ -1,0 +1,183 @@
+"""`fit`: train the drafter from a feature cache (reference §4.4-4.6).
+
+One sequence per micro step (DeepSpec's local batch 1); `batch` sequences are accumulated per optimizer step and
+every loss is divided by the weight sum of the whole step (global token-weighted mean). AdamW, linear warmup then
+cosine to 0, grad clip 1.0. Checkpoints: <out>/step_<N>/{config.json, model.safetensors, training_state.pt} and
+<out>/latest (text: the newest step dir). Resume restores weights (fp32), optimizer, scheduler and RNG states;
+data order and anchors are pure functions of (seed, micro-step index), so a resumed run replays the same stream.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+
+import torch
+from tqdm import tqdm
+
+from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, sample_anchors, save_drafter
+from .cache import CacheReader
+from .losses import dspark_losses, loss_weights, target_block_logits
+from .target import load_target_shared_weights, read_target_config
+
+SHARED = ("embed_tokens.weight", "lm_head.weight")
+
+
+def build_config(args, manifest: dict, target_path: str) -> DSparkConfig:
+    return DSparkConfig.for_target(
+        read_target_config(target_path), num_layers=args.layers, block_size=args.block_size,
+        markov_rank=args.markov_rank, intermediate_size=args.intermediate_size,
+        target_layer_ids=manifest["target_layer_ids"], mask_token_id=args.mask_token_id,
+        tokenizer_size=manifest.get("tokenizer_size"), markov_head_type=args.markov_head_type,
+        enable_confidence_head=not args.no_confidence_head, num_anchors=args.num_anchors)
+
+
+def lr_lambda_for(total_steps: int, warmup_steps: int):
+    def f(step: int) -> float:  # multiplier of the base lr for optimizer step `step` (0-based)
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return f
+
+
+def latest_checkpoint(out: str) -> str | None:
+    p = os.path.join(out, "latest")
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        return os.path.join(out, f.read().strip())
+
+
+class DataOrder:
+    """Micro-step index -> cache index: deterministic per-epoch shuffle (seed + epoch)."""
+
+    def __init__(self, indices: list[int], seed: int) -> None:
+        self.indices, self.seed, self._perm = indices, seed, {}
+
+    def __call__(self, micro: int) -> int:
+        epoch, i = divmod(micro, len(self.indices))
+        if epoch not in self._perm:
+            self._perm = {epoch: torch.randperm(len(self.indices), generator=torch.Generator().manual_seed(
+                self.seed + epoch)).tolist()}
+        return self.indices[self._perm[epoch][i]]
+
+
+def _rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    random.setstate(st["python"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def save_checkpoint(out, step, model, optimizer, scheduler, args) -> str:
+    d = os.path.join(out, f"step_{step}")
+    save_drafter(model, d, include_shared=not args.no_save_shared,
+                 dtype=torch.bfloat16 if args.save_dtype == "bf16" else torch.float32)
+    trainable = {k: v.detach().cpu() for k, v in model.state_dict().items() if k not in SHARED}
+    torch.save({"step": step, "model": trainable, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": _rng_state(), "args": vars(args)},
+               os.path.join(d, "training_state.pt.tmp"))
+    os.replace(os.path.join(d, "training_state.pt.tmp"), os.path.join(d, "training_state.pt"))
+    with open(os.path.join(out, "latest.tmp"), "w") as f:
+        f.write(f"step_{step}\n")
+    os.replace(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
+    steps = sorted(int(n[5:]) for n in os.listdir(out) if n.startswith("step_") and n[5:].isdigit())
+    for old in steps[:-args.keep_checkpoints] if args.keep_checkpoints > 0 else []:
+        shutil.rmtree(os.path.join(out, f"step_{old}"), ignore_errors=True)
+    return d
+
+
+def run_fit(args) -> dict:
+    cache = CacheReader(args.cache)
+    manifest = cache.manifest
+    target_path = args.target or manifest["target"]
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    train_idx, held_idx = cache.split(args.holdout_fraction)
+    if not train_idx:
+        raise ValueError(f"{args.cache}: no training samples (holdout_fraction={args.holdout_fraction})")
+    os.makedirs(args.out, exist_ok=True)
+
+    resume_dir = None if args.no_resume else latest_checkpoint(args.out)
+    config = DSparkConfig.from_json(resume_dir) if resume_dir else build_config(args, manifest, target_path)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    model = DSparkDraftModel(config)
+    embed, head = load_target_shared_weights(target_path)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(head)
+    model.to(device).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=args.weight_decay)
+    warmup = max(1, int(round(args.warmup_ratio * args.steps)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_for(args.steps, warmup))
+    start = 0
+    if resume_dir:
+        st = torch.load(os.path.join(resume_dir, "training_state.pt"), map_location="cpu", weights_only=False)
+        model.load_state_dict(st["model"], strict=False)
+        optimizer.load_state_dict(st["optimizer"])
+        scheduler.load_state_dict(st["scheduler"])
+        _set_rng_state(st["rng"])
+        start = st["step"]
+        print(f"[fit] resumed from {resume_dir} at step {start}")
+    n_params = sum(p.numel() for p in params)
+    print(f"[fit] {len(train_idx)} train / {len(held_idx)} held-out samples; {n_params / 1e6:.2f}M trainable "
+          f"params; device {device}; steps {start}->{args.steps}")
+
+    order = DataOrder(train_idx, args.seed)
+    B = config.block_size
+    amp = device.type == "cuda" and args.amp == "bf16"
+    log_path = os.path.join(args.out, "train_log.jsonl")
+    history = []
+    bar = tqdm(range(start, args.steps), desc="fit", initial=start, total=args.steps, unit="step")
+    for step in bar:
+        micro = []
+        for i in range(args.batch):
+            m = step * args.batch + i
+            s = cache[order(m)]
+            ids = s["input_ids"][: args.max_length].long()[None].to(device)
+            lm = s["loss_mask"][: args.max_length][None].to(device)
+            anchors, keep = sample_anchors(lm, config.num_anchors,
+                                           torch.Generator().manual_seed(args.seed * 1_000_003 + m))
+            _, emask = block_labels(ids, lm, anchors, keep, B)
+            micro.append((s, ids, lm, anchors, keep, loss_weights(emask, args.gamma).sum()))
+        denom = torch.stack([w for *_, w in micro]).sum().clamp_min(1e-6)
+        optimizer.zero_grad(set_to_none=True)
+        agg: dict[str, float] = {}
+        for s, ids, lm, anchors, keep, _ in micro:
+            hidden = s["hidden"][: args.max_length][None].to(device, torch.float32)
+            last = s["last_hidden"][: args.max_length][None].to(device, torch.float32)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                logits, conf, labels, emask = model.forward_train(ids, hidden, lm, anchors, keep)
+                tlogits = target_block_logits(model.lm_head, last, anchors, B)
+            loss, stats = dspark_losses(logits, tlogits, conf, labels, emask, args.ce_weight, args.l1_weight,
+                                        args.conf_weight if config.enable_confidence_head else 0.0, args.gamma,
+                                        denom=denom)
+            loss.backward()
+            share = stats["weight"] / float(denom)
+            for k, v in stats.items():
+                agg[k] = agg.get(k, 0.0) + (v if k in ("ce", "l1", "conf", "weight") else v * share)
+            agg["loss"] = agg.get("loss", 0.0) + loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        rec = {"step": step + 1, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm), **agg}
+        history.append(rec)
+        bar.set_postfix(loss=f"{agg['loss']:.4f}", acc=f"{agg.get('accept_soft', 0):.3f}")
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            save_checkpoint(args.out, step + 1, model, optimizer, scheduler, args)
+    return {"history": history, "out": args.out, "final_step": args.steps}

@@ -1,0 +1,58 @@
+"""DSpark training losses (reference §4.5), all at softmax temperature 1 in fp32.
+
+w[j,k] = eval_mask[j,k] * exp(-k / gamma)
+CE   = sum w * -log p_d(y)          / sum w
+L1   = sum w * ||p_d - p_t||_1       / sum w     (= 2 TV)
+Conf = sum w * BCE(conf_logit, c*)   / sum w     c* = clamp(1 - 0.5 ||p_d - p_t||_1, 0, 1), detached
+loss = ce_weight * CE + l1_weight * L1 + conf_weight * Conf     (DSpark: 0.1 / 0.9 / 1.0; DFlash: 1 / 0 / 0)
+`denom` lets gradient accumulation divide by the global weight sum of the whole optimizer step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def position_weights(block_size: int, gamma: float = 4.0, device=None) -> torch.Tensor:
+    return torch.exp(-torch.arange(block_size, device=device, dtype=torch.float32) / gamma)
+
+
+def loss_weights(eval_mask: torch.Tensor, gamma: float = 4.0) -> torch.Tensor:
+    return eval_mask.float() * position_weights(eval_mask.shape[-1], gamma, eval_mask.device)
+
+
+def target_block_logits(lm_head, last_hidden: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Target logits for slot k of block j: lm_head(last_hidden[anchor_j + k]) -> [b, N, B, V] fp32."""
+    b, S, d = last_hidden.shape
+    pos = (anchors[..., None] + torch.arange(block_size, device=anchors.device)).clamp(max=S - 1)
+    h = last_hidden.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d))
+    with torch.no_grad():
+        return lm_head(h.to(lm_head.weight.dtype)).float().view(b, anchors.shape[1], block_size, -1)
+
+
+def dspark_losses(draft_logits, target_logits, conf_logits, labels, eval_mask, ce_weight: float = 0.1,
+                  l1_weight: float = 0.9, conf_weight: float = 1.0, gamma: float = 4.0,
+                  denom: float | torch.Tensor | None = None):
+    """-> (loss, stats). stats holds the three means, the weight sum and a soft acceptance 1 - TV (for logs)."""
+    w = loss_weights(eval_mask, gamma)
+    wsum = w.sum()
+    denom = wsum.clamp_min(1e-6) if denom is None else denom
+    logp_d = torch.log_softmax(draft_logits.float(), dim=-1)
+    ce = -(logp_d.gather(-1, labels[..., None].long()).squeeze(-1))
+    p_t = torch.softmax(target_logits.float(), dim=-1)
+    l1 = (logp_d.exp() - p_t).abs().sum(-1)
+    soft_label = (1 - 0.5 * l1.detach()).clamp(0, 1)
+    if conf_weight:
+        conf = F.binary_cross_entropy_with_logits(conf_logits.float(), soft_label, reduction="none")
+    else:  # no confidence head (DFlash ablation): the term is absent, not a constant ln 2
+        conf = torch.zeros_like(soft_label)
+    ce_m, l1_m, conf_m = (w * ce).sum() / denom, (w * l1).sum() / denom, (w * conf).sum() / denom
+    loss = ce_weight * ce_m + l1_weight * l1_m + conf_weight * conf_m
+    with torch.no_grad():
+        m = eval_mask.float()
+        n = m.sum().clamp_min(1)
+        stats = {"ce": ce_m.item(), "l1": l1_m.item(), "conf": conf_m.item(), "weight": wsum.item(),
+                 "accept_soft": ((soft_label * m).sum() / n).item(),
+                 "top1": (((draft_logits.argmax(-1) == labels).float() * m).sum() / n).item()}
+    return loss, stats

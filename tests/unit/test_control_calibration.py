@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from sglang_dspark.control import CalibrationMonitor, fit_sts_grid
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Small tensors on a shared 2-core box: OpenMP hand-offs cost more than they save (4-10x slower under load)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+GAMMA = 4
+TRUE_TEMPS = [2.0, 0.5, 1.0, 3.0]  # acceptance really follows sigmoid(z / T_k); the raw head assumes T = 1
+
+
+def _rollout(n, seed, verify_all=False):
+    """Synthetic drafter logits and target outcomes with a known miscalibration."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, GAMMA, generator=gen) * 2.5 + 1.0
+    accept_prob = torch.sigmoid(logits / torch.tensor(TRUE_TEMPS))
+    accepted = torch.rand(n, GAMMA, generator=gen) < accept_prob
+    accept_lens = torch.cumprod(accepted.long(), 1).sum(1)
+    verify_lens = torch.full((n,), GAMMA) if verify_all else torch.randint(1, GAMMA + 1, (n,), generator=gen)
+    accept_lens = torch.minimum(accept_lens, verify_lens)  # outcomes are only observed on verified drafts
+    return logits, verify_lens, accept_lens
+
+
+def test_sts_grid_recovers_temperatures():
+    logits, verify_lens, accept_lens = _rollout(20_000, 0, verify_all=True)
+    temps = fit_sts_grid(logits, accept_lens, verify_lens)
+    for got, want in zip(temps, TRUE_TEMPS):
+        assert got == pytest.approx(want, rel=0.2)
+
+
+def test_monitor_detects_miscalibration_refits_and_becomes_calibrated():
+    monitor = CalibrationMonitor(GAMMA, ece_threshold=0.03, min_count=500, online=True)
+    logits, verify_lens, accept_lens = _rollout(8_000, 1)
+    for chunk in range(8):  # 8 steps of 1000 requests
+        s = slice(chunk * 1000, (chunk + 1) * 1000)
+        monitor.record(logits[s], verify_lens[s], accept_lens[s])
+    raw_ece = monitor.ece()
+    assert bool((raw_ece > 0.05).any()) and monitor.needs_refit()
+    assert monitor.counts()[0] == 8000 and monitor.counts()[-1] < 8000  # only verified positions count
+    assert monitor.maybe_refit() and monitor.num_refits == 1
+    assert monitor.counts().sum() == 0  # statistics restart under the new temperatures
+    fresh = _rollout(8_000, 2)
+    monitor.record(*fresh)
+    assert float(monitor.ece().max()) < 0.03
+    assert not monitor.needs_refit() and not monitor.maybe_refit()
+    probs = monitor.calibrate(fresh[0])
+    assert probs.shape == (8_000, GAMMA) and bool(((probs >= 0) & (probs <= 1)).all())
+
+
+def test_monitor_without_online_flag_never_refits_and_accepts_injected_fit():
+    calls = []
+
+    def fake_fit(conf_logits, accepted_prefix_len, verified_len):
+        calls.append((conf_logits.shape, accepted_prefix_len.shape, verified_len.shape))
+        return [1.5] * GAMMA
+
+    monitor = CalibrationMonitor(GAMMA, min_count=100, fit_fn=fake_fit)
+    monitor.record(*_rollout(2_000, 3))
+    assert monitor.needs_refit() and not monitor.maybe_refit()
+    assert monitor.refit() == [1.5] * GAMMA and calls == [((2_000, GAMMA), (2_000,), (2_000,))]
+    bad = CalibrationMonitor(GAMMA, fit_fn=lambda *a: [1.0])
+    bad.record(*_rollout(10, 4))
+    with pytest.raises(ValueError):
+        bad.refit()
+
+
+def test_ece_by_hand():
+    monitor = CalibrationMonitor(2, num_bins=10)
+    # logit 0 -> conf .5; survival pos0 .5, pos1 .25. Two rows verify both, one row verifies only pos0.
+    logits = torch.zeros(3, 2)
+    monitor.record(logits, torch.tensor([2, 2, 1]), torch.tensor([2, 0, 1]))
+    # pos0 labels 1,0,1 (mean 2/3) vs pred .5 -> ECE 1/6; pos1 labels 1,0 (mean .5) vs .25 -> ECE .25
+    assert monitor.ece().tolist() == pytest.approx([1 / 6, 0.25])
+    assert monitor.counts().tolist() == [3, 2]
