@@ -41,8 +41,8 @@ def load() -> None:
     HookRegistry.register(
         "sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND
     )
-    try:
-        from sglang_dspark.sglang_plugin.registration import register_algorithm
-    except ImportError:  # worker not built yet
-        return
+    from sglang_dspark.sglang_plugin import api_hooks
+    from sglang_dspark.sglang_plugin.registration import register_algorithm
+
+    api_hooks.register(HookRegistry, HookType)
     register_algorithm()
