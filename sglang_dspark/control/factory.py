@@ -16,6 +16,13 @@ def make_policy(spec: str, cost_model=None, *, gamma: int) -> VerifyLengthPolicy
     """Parse e.g. "fixed:7", "threshold:0.6", "dspark", "dspark-async", "sps-topk", "oracle"."""
     name, sep, arg = spec.strip().partition(":")
     name = name.strip().lower()
+    if name == "random":
+        from .random_len import RandomPolicy
+
+        try:
+            return RandomPolicy(gamma, int(arg) if arg.strip() else gamma)
+        except ValueError:
+            raise ValueError(f"policy {spec!r}: random takes an optional int, e.g. random:4") from None
     if name in ("fixed", "threshold"):
         if not sep or not arg.strip():
             raise ValueError(f"policy {spec!r}: {name} needs an argument, e.g. {name}:{'7' if name == 'fixed' else '0.6'}")

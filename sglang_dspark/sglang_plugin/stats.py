@@ -10,6 +10,7 @@ import torch
 @dataclass
 class StepStats:
     batch_size: int
+    drafted: list[int] = field(default_factory=list)  # 1 per request drafted for (draft skipping leaves some out)
     draft_s: float = 0.0
     verify_s: float = 0.0
     verify_lens: list[int] = field(default_factory=list)
@@ -23,9 +24,9 @@ class StepStats:
 
     def customized_info(self, record_verify_lens: bool) -> dict[str, list]:
         """One value per request for this step; SGLang's tokenizer side appends them per request."""
-        drafted = 0 if self.fallback else 1
+        drafted = [0] * self.batch_size if self.fallback else list(self.drafted)
         info = {
-            "dspark_drafted": [drafted] * self.batch_size,
+            "dspark_drafted": drafted,
             "dspark_verified": list(self.verify_lens),
             "dspark_accepted": list(self.accept_lens),
         }
@@ -49,3 +50,28 @@ class WorkerCounters:
         self.verified += sum(s.verify_lens)
         self.accepted += sum(s.accept_lens)
         self.last_step_s = s.draft_s + s.verify_s
+
+
+class StepTrace:
+    """JSONL of every decode step (for the trace-replay simulator): what the controller saw and what happened.
+
+    Record with `fixed:<gamma>` to learn each request's true acceptance length (every draft verified)."""
+
+    def __init__(self, path: str):
+        import os
+
+        self.path = f"{path}.{os.getpid()}" if os.path.isdir(path) else path
+        self._f = open(self.path, "a", buffering=1)
+
+    def write(self, kv_lens, conf, conf_logits, verify_lens, accept_lens, stats: StepStats) -> None:
+        import json
+
+        self._f.write(json.dumps({
+            "kv_lens": kv_lens.tolist(),
+            "conf": [[round(float(x), 5) for x in row] for row in conf.cpu()],
+            "conf_logits": [[round(float(x), 4) for x in row] for row in conf_logits.cpu()],
+            "verify_lens": verify_lens.tolist(),
+            "accept_lens": accept_lens.tolist(),
+            "draft_s": round(stats.draft_s, 6),
+            "verify_s": round(stats.verify_s, 6),
+        }) + "\n")

@@ -15,6 +15,7 @@ A drafter failure (exception or non-finite output) makes that step a plain decod
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -29,12 +30,15 @@ from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
-from sglang_dspark.sglang_plugin.stats import StepStats, WorkerCounters
+from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
 from sglang_dspark.sglang_plugin.verify_batch import rewrite_as_verify_extend
 from sglang_dspark.verify import accept_greedy, accept_rejection
 from sglang_dspark.verify.target_dist import process_logits, target_probs
 
 logger = logging.getLogger(__name__)
+
+
+DRAFT_PROBE_EVERY = 4  # a request skipped for drafting is re-probed every this many steps
 
 
 class DrafterFailure(RuntimeError):
@@ -74,8 +78,11 @@ class DSparkExtWorker(BaseSpecWorker):
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
         self.counters = WorkerCounters()
         self.context_pool: DraftContextPool | None = None
+        trace_path = os.environ.get("SGLANG_DSPARK_TRACE_PATH")
+        self.trace = StepTrace(trace_path) if trace_path else None
         self.step_index = 0
-        self.inject_nan_steps = 0  # tests: make the next N drafts non-finite
+        # Fault injection for tests: the first N decode steps get non-finite drafter output.
+        self.inject_nan_steps = int(os.environ.get("SGLANG_DSPARK_INJECT_NAN_STEPS", "0"))
         logger.info("DSPARK_EXT worker: gamma=%d controller=%s drafter layers=%d target_layer_ids=%s",
                     self.gamma, self.options.controller, self.drafter.config.num_hidden_layers, ids)
 
@@ -127,17 +134,36 @@ class DSparkExtWorker(BaseSpecWorker):
                                f"{None if feats is None else tuple(feats.shape)}")
         return feats
 
-    def _draft(self, batch, anchors, committed, draft_temps):
+    def _draft(self, batch, anchors, committed, draft_temps, active: torch.Tensor):
+        """Draft for the requests in `active` (indices); the others get empty proposals."""
         t0 = time.perf_counter()
-        k, v, valid = self.context_pool.gather(self.req_to_token_pool.req_to_token, batch.req_pool_indices, committed)
-        prop = self.drafter.propose(anchors, committed, k, v, valid, draft_temps)
-        tokens, logits, conf = prop.tokens[:, : self.gamma], prop.logits[:, : self.gamma], prop.conf_logits[:, : self.gamma]
-        if self.inject_nan_steps > 0:
-            self.inject_nan_steps -= 1
-            logits = torch.full_like(logits, float("nan"))
-        if not (torch.isfinite(logits).all() and torch.isfinite(conf).all()):
-            raise DrafterFailure("non-finite drafter output")
+        bs, G = len(anchors), self.gamma
+        tokens = torch.zeros(bs, G, dtype=torch.int64, device=self.device)
+        conf = torch.full((bs, G), -30.0, dtype=torch.float32, device=self.device)  # sigmoid -> ~0: verify none
+        logits = None
+        if len(active):
+            a = active.to(self.device)
+            k, v, valid = self.context_pool.gather(self.req_to_token_pool.req_to_token,
+                                                   batch.req_pool_indices[a], committed[a])
+            prop = self.drafter.propose(anchors[a], committed[a], k, v, valid, draft_temps[a])
+            sub_logits = prop.logits[:, :G]
+            if self.inject_nan_steps > 0:
+                self.inject_nan_steps -= 1
+                sub_logits = torch.full_like(sub_logits, float("nan"))
+            if not (torch.isfinite(sub_logits).all() and torch.isfinite(prop.conf_logits).all()):
+                raise DrafterFailure("non-finite drafter output")
+            tokens[a] = prop.tokens[:, :G]
+            conf[a] = prop.conf_logits[:, :G]
+            logits = torch.zeros(bs, G, sub_logits.shape[-1], dtype=sub_logits.dtype, device=self.device)
+            logits[a] = sub_logits
         return tokens, logits, conf, time.perf_counter() - t0
+
+    def _draft_active(self, state: DSparkDraftState) -> torch.Tensor:
+        """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps."""
+        streak = state.zero_streak
+        if not self.options.draft_skip:
+            return torch.arange(len(streak))
+        return torch.nonzero((streak == 0) | (streak % DRAFT_PROBE_EVERY == 0)).view(-1)
 
     def _decode(self, batch) -> GenerationBatchResult:
         bs = len(batch.reqs)
@@ -152,8 +178,13 @@ class DSparkExtWorker(BaseSpecWorker):
         stats = StepStats(bs)
 
         fallback = None
+        active = self._draft_active(state)
+        stats.drafted = [0] * bs
+        for i in active.tolist():
+            stats.drafted[i] = 1
         try:
-            drafts, draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev, draft_temps)
+            drafts, draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
+                                                                           draft_temps, active)
         except Exception as e:  # a broken drafter must never take the request down with it
             fallback = "nan" if isinstance(e, DrafterFailure) else "exception"
             if fallback == "exception":
@@ -164,7 +195,8 @@ class DSparkExtWorker(BaseSpecWorker):
         if fallback is None:
             conf = self.calibration.calibrate(conf_logits)
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
-                               temperatures=draft_temps, last_step_time_s=self.counters.last_step_s)
+                               temperatures=draft_temps, last_step_time_s=self.counters.last_step_s,
+                               min_user_tps=self.min_user_tps(bs))
             verify_lens = self.policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
             verify_lens = self._restrict(batch, verify_lens)
         else:
@@ -204,15 +236,22 @@ class DSparkExtWorker(BaseSpecWorker):
             self.calibration.maybe_refit()
             self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
                                             step_time_s=stats.verify_s, kv_lens=committed))
+        if self.trace is not None and fallback is None:
+            self.trace.write(committed, conf, conf_logits, verify_lens, accept_lens, stats)
         self.step_index += 1
         return GenerationBatchResult(
             logits_output=LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
                 record_verify_lens=self.options.record_verify_lens)),
             next_token_ids=next_tokens.flatten().to(self.device), accept_lens=commit.to(self.device),
             cap_lens=verify_lens.to(torch.int32).to(self.device), new_seq_lens=new_seq_lens.to(self.device),
-            next_draft_input=DSparkDraftState(bonus.to(self.device)),
+            next_draft_input=DSparkDraftState(bonus.to(self.device), state.zero_streak if fallback else
+                                             _next_streak(state.zero_streak, verify_lens)),
             speculative_num_draft_tokens=self.stride, can_run_cuda_graph=False,
         )
+
+    def min_user_tps(self, bs: int) -> torch.Tensor | None:
+        floor = self.options.min_user_tps
+        return None if floor is None else torch.full((bs,), float(floor))
 
     def _restrict(self, batch, verify_lens: torch.Tensor) -> torch.Tensor:
         """Requests whose next-token distribution we cannot reproduce per draft position verify nothing."""
@@ -248,6 +287,10 @@ class DSparkExtWorker(BaseSpecWorker):
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.counters.requests_finished += 1
+
+
+def _next_streak(streak: torch.Tensor, verify_lens: torch.Tensor) -> torch.Tensor:
+    return torch.where(verify_lens.cpu() == 0, streak + 1, torch.zeros_like(streak))
 
 
 def _dense_index(verify_lens: torch.Tensor, gamma: int) -> torch.Tensor:

@@ -1,0 +1,222 @@
+"""DSpark Prometheus metrics, exported on SGLang's own /metrics (prometheus_client multiprocess mode).
+
+SGLang sets PROMETHEUS_MULTIPROC_DIR before it spawns the scheduler when `--enable-metrics` is on; metrics created
+afterwards in any of its processes land in that directory and the HTTP server's MultiProcessCollector exports them.
+So the worker (scheduler process) creates DSparkMetrics lazily, and the tokenizer side (main process) records the
+end-of-request tau with `observe_finished_request`. prometheus_client is imported only when metrics are on.
+
+Units. A "request-step" is one request in one DSpark decode step. Counters are sums over request-steps of exactly the
+per-step values the worker also emits into meta_info, so over any run they equal the per-request records summed:
+    verify_steps_total    = sum(record["verify_steps"])     bonus_tokens_total  = verify_steps_total
+    draft_steps_total     = sum(record["draft_steps"])      drafted_tokens_total = gamma * draft_steps_total
+    verified_tokens_total = sum(record["verified"])         accepted_tokens_total = sum(record["accepted"])
+    wasted_verify_tokens_total = sum(record["wasted"])      (verified and rejected)
+Positions are 1-based draft positions 1..gamma. Per position p: verified_by_position counts request-steps with
+l_r >= p, accepted_by_position those with accepted >= p (so accepted/verified = P(drafts 1..p accepted | p verified),
+the realised survival that calibration compares with), calibration_predicted_by_position sums the calibrated
+predicted survival prod_{i<=p} c_i over the same verified request-steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+PREFIX = "sglang:dspark_"
+LENGTH_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+BATCH_TOKEN_BUCKETS = tuple(2**i for i in range(15))  # 1 .. 16384 tokens per verify forward
+TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+TAU_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
+FALLBACK_REASONS = ("nan", "exception")
+
+# name (without prefix) -> (kind, help, extra label names, kwargs)
+SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
+    "verify_steps": ("counter", "Request-steps through a DSpark decode step (one per request per step).", (), {}),
+    "draft_steps": ("counter", "Request-steps for which the drafter proposed tokens (verify steps minus fallbacks).",
+                    (), {}),
+    "batch_steps": ("counter", "DSpark decode batch steps (one target verify forward each).", (), {}),
+    "drafted_tokens": ("counter", "Draft tokens proposed (gamma per drafted request-step).", (), {}),
+    "verified_tokens": ("counter", "Draft tokens sent to the target for verification (sum of l_r).", (), {}),
+    "accepted_tokens": ("counter", "Draft tokens accepted by the target.", (), {}),
+    "wasted_verify_tokens": ("counter", "Draft tokens verified and rejected (verified - accepted).", (), {}),
+    "bonus_tokens": ("counter", "Target-sampled tokens committed after the accepted drafts (one per request-step).",
+                     (), {}),
+    "fallbacks": ("counter", "Decode batch steps that fell back to plain decoding, by reason.", ("reason",), {}),
+    "accepted_by_position": ("counter", "Request-steps whose accepted drafts reach position p (1-based).",
+                             ("position",), {}),
+    "verified_by_position": ("counter", "Request-steps whose verify length reaches position p (1-based).",
+                             ("position",), {}),
+    "calibration_predicted_by_position": (
+        "counter", "Sum of calibrated predicted survival prod_{i<=p} c_i over verified request-steps at position p.",
+        ("position",), {}),
+    "accept_length": ("histogram", "Accepted drafts per request per step.", (), {"buckets": LENGTH_BUCKETS}),
+    "verify_length": ("histogram", "Verify length l_r per request per step.", (), {"buckets": LENGTH_BUCKETS}),
+    "batch_verify_tokens": ("histogram", "Tokens in one target verify forward: sum over requests of (1 + l_r).", (),
+                            {"buckets": BATCH_TOKEN_BUCKETS}),
+    "draft_time_seconds": ("histogram", "Drafter time per decode step.", (), {"buckets": TIME_BUCKETS}),
+    "verify_time_seconds": ("histogram", "Target verify + accept time per decode step.", (), {"buckets": TIME_BUCKETS}),
+    "verify_budget_tokens": ("gauge", "Draft tokens the controller chose to verify in the last step.", (), {}),
+    "verify_capacity_tokens": ("gauge", "Most draft tokens the last step could verify (running requests x gamma).",
+                               (), {}),
+    "running_requests": ("gauge", "Requests in the last decode batch the controller planned for.", (), {}),
+    "step_time_predicted_seconds": ("gauge", "Cost-model predicted time of the last verify step.", (), {}),
+    "step_time_measured_seconds": ("gauge", "Measured time of the last verify step.", (), {}),
+    "calibration_ece": ("gauge", "Online ECE of predicted prefix survival at draft position p (1-based).",
+                        ("position",), {}),
+    "controller_info": ("gauge", "Constant 1; labels name the verify-length controller, gamma and drafter.",
+                        ("controller", "gamma", "drafter"), {}),
+}
+TOKENIZER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
+    "request_mean_tau": ("histogram", "Mean tokens per target forward of a finished request (its tau).", (),
+                         {"buckets": TAU_BUCKETS}),
+}
+
+# Metric objects are process-wide singletons per registry: prometheus_client refuses a second registration.
+_CREATED: dict[tuple[int, str], Any] = {}
+
+
+def metric_names() -> list[str]:
+    """Every exported series family, as Prometheus sees it (counters get _total, histograms _bucket/_sum/_count)."""
+    names = []
+    for table in (SCHEDULER_METRICS, TOKENIZER_METRICS):
+        for short, (kind, *_rest) in table.items():
+            full = PREFIX + short
+            names += {"counter": [full + "_total"], "gauge": [full],
+                      "histogram": [full + "_bucket", full + "_sum", full + "_count"]}[kind]
+    return names
+
+
+def _make(kind: str, short: str, doc: str, labelnames: Sequence[str], kwargs: dict, registry):
+    import prometheus_client as pc
+
+    key = (id(registry), short)
+    if key in _CREATED:
+        return _CREATED[key]
+    reg = {} if registry is None else {"registry": registry}
+    name = PREFIX + short
+    if kind == "counter":
+        metric = pc.Counter(name, doc, labelnames, **reg)
+    elif kind == "histogram":
+        metric = pc.Histogram(name, doc, labelnames, **kwargs, **reg)
+    else:  # the last value written wins across processes, like SGLang's own scheduler gauges
+        metric = pc.Gauge(name, doc, labelnames, multiprocess_mode="mostrecent", **reg)
+    _CREATED[key] = metric
+    return metric
+
+
+def _family(table: dict, labels: dict[str, str], registry) -> dict[str, Any]:
+    base = tuple(labels)
+    return {short: _make(kind, short, doc, base + extra, kw, registry)
+            for short, (kind, doc, extra, kw) in table.items()}
+
+
+class DSparkMetrics:
+    """Scheduler-side DSpark metrics for one worker. Build with create(); every observe is O(batch) Python."""
+
+    def __init__(self, labels: dict[str, str], registry=None):
+        self.labels = {k: str(v) for k, v in labels.items()}
+        self.metrics = _family(SCHEDULER_METRICS, self.labels, registry)
+        self.gamma = 0
+        self._positions: list[dict[str, Any]] = []
+
+    @classmethod
+    def create(cls, labels: dict[str, str], *, enabled: bool = True, registry=None) -> DSparkMetrics | None:
+        """None when metrics are off (SGLang's --enable-metrics), so the worker pays nothing."""
+        return cls(labels, registry) if enabled else None
+
+    def _m(self, short: str, **extra):
+        return self.metrics[short].labels(**self.labels, **extra)
+
+    def set_info(self, controller: str, gamma: int, drafter: str) -> None:
+        """Record the controller config and pre-create every per-position / per-reason series at zero, so that
+        dashboards show a flat 0 (not "no data") until something happens."""
+        self._m("controller_info", controller=str(controller), gamma=str(gamma), drafter=str(drafter)).set(1)
+        self.gamma = int(gamma)
+        self._positions = [{short: self._m(short, position=str(p + 1)) for short in
+                            ("accepted_by_position", "verified_by_position", "calibration_predicted_by_position")}
+                           for p in range(self.gamma)]
+        for reason in FALLBACK_REASONS:
+            self._m("fallbacks", reason=reason)
+        for short in ("verify_steps", "draft_steps", "batch_steps", "drafted_tokens", "verified_tokens",
+                      "accepted_tokens", "wasted_verify_tokens", "bonus_tokens"):
+            self._m(short)
+
+    def observe_step(self, stats, *, budget_tokens: int, capacity_tokens: int, running: int,
+                     predicted_s: float | None, measured_s: float | None, ece_per_position: list[float] | None,
+                     conf=None) -> None:
+        """One decode step. stats: sglang_plugin.stats.StepStats after finish(). conf: the calibrated per-position
+        acceptance probabilities Float[R, gamma] the controller saw (None on a fallback step)."""
+        verify, accept = list(stats.verify_lens), list(stats.accept_lens)
+        rows = len(verify)
+        drafted_rows = 0 if stats.fallback else rows
+        verified, accepted = sum(verify), sum(accept)
+        self._m("batch_steps").inc()
+        self._m("verify_steps").inc(rows)
+        self._m("bonus_tokens").inc(rows)
+        self._m("draft_steps").inc(drafted_rows)
+        self._m("drafted_tokens").inc(drafted_rows * self.gamma)
+        self._m("verified_tokens").inc(verified)
+        self._m("accepted_tokens").inc(accepted)
+        self._m("wasted_verify_tokens").inc(verified - accepted)
+        if stats.fallback:
+            self._m("fallbacks", reason=stats.fallback).inc()
+        accept_hist, verify_hist = self._m("accept_length"), self._m("verify_length")
+        for v, a in zip(verify, accept):
+            verify_hist.observe(v)
+            accept_hist.observe(a)
+        self._observe_positions(verify, accept, conf)
+        self._m("batch_verify_tokens").observe(rows + verified)
+        if not stats.fallback:
+            self._m("draft_time_seconds").observe(stats.draft_s)
+        self._m("verify_time_seconds").observe(stats.verify_s)
+        self._m("verify_budget_tokens").set(budget_tokens)
+        self._m("verify_capacity_tokens").set(capacity_tokens)
+        self._m("running_requests").set(running)
+        if predicted_s is not None:
+            self._m("step_time_predicted_seconds").set(predicted_s)
+        if measured_s is not None:
+            self._m("step_time_measured_seconds").set(measured_s)
+        for p, ece in enumerate(ece_per_position or []):
+            if ece is not None and math.isfinite(ece):  # nan = nothing verified at p since the last refit
+                self._m("calibration_ece", position=str(p + 1)).set(ece)
+
+    def _observe_positions(self, verify: list[int], accept: list[int], conf) -> None:
+        gamma = len(self._positions)
+        verified_at = [0] * gamma
+        accepted_at = [0] * gamma
+        for v, a in zip(verify, accept):
+            for p in range(min(v, gamma)):
+                verified_at[p] += 1
+            for p in range(min(a, gamma)):
+                accepted_at[p] += 1
+        predicted_at = [0.0] * gamma
+        if conf is not None and gamma:
+            surv = conf[:, :gamma].float().clamp(0.0, 1.0).cumprod(1).cpu()
+            lens = surv.new_tensor(verify).view(-1, 1)
+            mask = surv.new_tensor(range(gamma)).view(1, -1) < lens
+            predicted_at = (surv * mask).sum(0).tolist()
+        for p, series in enumerate(self._positions):
+            if verified_at[p]:
+                series["verified_by_position"].inc(verified_at[p])
+                series["calibration_predicted_by_position"].inc(predicted_at[p])
+            if accepted_at[p]:
+                series["accepted_by_position"].inc(accepted_at[p])
+
+    def observe_request_finished(self, mean_tau: float) -> None:
+        """End-of-request tau, when the caller lives in the scheduler process (the tokenizer side uses
+        observe_finished_request instead; use one of the two, not both)."""
+        _tokenizer_family(self.labels, None)["request_mean_tau"].labels(**self.labels).observe(mean_tau)
+
+
+def _tokenizer_family(labels: dict[str, str], registry) -> dict[str, Any]:
+    return _family(TOKENIZER_METRICS, labels, registry)
+
+
+def observe_finished_request(record: dict | None, labels: dict[str, str], registry=None) -> bool:
+    """Tokenizer (main) process: observe a finished request's DSpark record (metrics/request_stats.summarize).
+    Returns whether anything was recorded (requests that never reached a DSpark decode step have no tau)."""
+    if not record or record.get("mean_tau") is None:
+        return False
+    labels = {k: str(v) for k, v in labels.items()}
+    _tokenizer_family(labels, registry)["request_mean_tau"].labels(**labels).observe(float(record["mean_tau"]))
+    return True
