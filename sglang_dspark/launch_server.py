@@ -106,6 +106,26 @@ def _dspark_available() -> bool:
     return True
 
 
+def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
+    """Profile only when DSPARK_EXT is on, profiling is allowed and no cost model is cached for this stack."""
+    algo = (_flag_value(argv, "--speculative-algorithm") or "").upper()
+    if algo != ALGORITHM_NAME or "--dspark-no-profile" in argv or _has_flag(argv, "--dspark-cost-model-path"):
+        return False
+    from sglang_dspark.sglang_plugin.cost_profile import cache_path, cost_key
+
+    model = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
+    dtype = _flag_value(argv, "--dtype") or "auto"
+    if dtype == "auto":
+        try:
+            import json
+
+            cfg = json.loads((Path(model) / "config.json").read_text())
+            dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+        except (OSError, ValueError):
+            dtype = "bfloat16"
+    return not cache_path(cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu")).exists()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cuda = _cuda_available()
@@ -122,6 +142,10 @@ def main(argv: list[str] | None = None) -> None:
 
     load_plugins()
     server_args = prepare_server_args(sglang_argv)
+    if _wants_profile_load(sglang_argv, cuda):
+        from sglang_dspark.profile_warmup import start_in_background
+
+        start_in_background(_flag_value(sglang_argv, "--host"), int(_flag_value(sglang_argv, "--port")))
     try:
         run_server(server_args)
     finally:

@@ -72,7 +72,7 @@ TOKENIZER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
 }
 
 # Metric objects are process-wide singletons per registry: prometheus_client refuses a second registration.
-_CREATED: dict[tuple[int, str], Any] = {}
+_CREATED: dict[tuple[Any, str], Any] = {}
 
 
 def metric_names() -> list[str]:
@@ -89,7 +89,7 @@ def metric_names() -> list[str]:
 def _make(kind: str, short: str, doc: str, labelnames: Sequence[str], kwargs: dict, registry):
     import prometheus_client as pc
 
-    key = (id(registry), short)
+    key = (registry, short)
     if key in _CREATED:
         return _CREATED[key]
     reg = {} if registry is None else {"registry": registry}
@@ -110,11 +110,29 @@ def _family(table: dict, labels: dict[str, str], registry) -> dict[str, Any]:
             for short, (kind, doc, extra, kw) in table.items()}
 
 
+def scheduler_labels(server_args, parallel, extra_labels: dict | None = None) -> dict[str, str]:
+    """The labels SGLang puts on its scheduler metrics (model_name, engine_type, tp/pp/moe_ep[/dp] rank, extra
+    --metric labels), from its ServerArgs and ParallelContext, so DSpark series line up with sglang:* series."""
+    mode = str(getattr(server_args, "disaggregation_mode", "null"))
+    labels = {
+        "model_name": getattr(server_args, "served_model_name", None) or server_args.model_path,
+        "engine_type": mode if mode in ("prefill", "decode") else "unified",
+        "tp_rank": parallel.tp_rank,
+        "pp_rank": parallel.pp_rank,
+        "moe_ep_rank": parallel.moe_ep_rank,
+    }
+    if getattr(parallel, "dp_rank", None) is not None:
+        labels["dp_rank"] = parallel.dp_rank
+    labels.update(extra_labels or {})
+    return {k: str(v) for k, v in labels.items()}
+
+
 class DSparkMetrics:
     """Scheduler-side DSpark metrics for one worker. Build with create(); every observe is O(batch) Python."""
 
     def __init__(self, labels: dict[str, str], registry=None):
         self.labels = {k: str(v) for k, v in labels.items()}
+        self.registry = registry
         self.metrics = _family(SCHEDULER_METRICS, self.labels, registry)
         self.gamma = 0
         self._positions: list[dict[str, Any]] = []
@@ -148,7 +166,8 @@ class DSparkMetrics:
         acceptance probabilities Float[R, gamma] the controller saw (None on a fallback step)."""
         verify, accept = list(stats.verify_lens), list(stats.accept_lens)
         rows = len(verify)
-        drafted_rows = 0 if stats.fallback else rows
+        # exactly the per-request "drafted" values the worker emits into meta_info (draft skipping, fallbacks)
+        drafted_rows = sum(stats.customized_info(record_verify_lens=False)["dspark_drafted"])
         verified, accepted = sum(verify), sum(accept)
         self._m("batch_steps").inc()
         self._m("verify_steps").inc(rows)
@@ -204,19 +223,45 @@ class DSparkMetrics:
 
     def observe_request_finished(self, mean_tau: float) -> None:
         """End-of-request tau, when the caller lives in the scheduler process (the tokenizer side uses
-        observe_finished_request instead; use one of the two, not both)."""
-        _tokenizer_family(self.labels, None)["request_mean_tau"].labels(**self.labels).observe(mean_tau)
+        on_request_meta_info instead; use one of the two, not both)."""
+        _tokenizer_family(self.labels, self.registry)["request_mean_tau"].labels(**self.labels).observe(mean_tau)
 
 
 def _tokenizer_family(labels: dict[str, str], registry) -> dict[str, Any]:
     return _family(TOKENIZER_METRICS, labels, registry)
 
 
+def request_tau(record: dict | None) -> float | None:
+    """Exact tau of a per-request record: (accepted + steps) / steps (record["mean_tau"] is rounded)."""
+    if not record or not record.get("verify_steps"):
+        return None
+    return (record["accepted"] + record["verify_steps"]) / record["verify_steps"]
+
+
 def observe_finished_request(record: dict | None, labels: dict[str, str], registry=None) -> bool:
-    """Tokenizer (main) process: observe a finished request's DSpark record (metrics/request_stats.summarize).
+    """Observe a finished request's DSpark record (metrics/request_stats.summarize) in the calling process.
     Returns whether anything was recorded (requests that never reached a DSpark decode step have no tau)."""
-    if not record or record.get("mean_tau") is None:
+    tau = request_tau(record)
+    if tau is None:
         return False
     labels = {k: str(v) for k, v in labels.items()}
-    _tokenizer_family(labels, registry)["request_mean_tau"].labels(**labels).observe(float(record["mean_tau"]))
+    _tokenizer_family(labels, registry)["request_mean_tau"].labels(**labels).observe(tau)
     return True
+
+
+def tokenizer_labels(manager) -> dict[str, str]:
+    """SGLang's tokenizer-metric labels that identify the server (model_name, engine_type), from its
+    TokenizerManager; per-request labels (priority, custom) are left out."""
+    collector_labels = getattr(getattr(manager, "metrics_collector", None), "labels", None) or {}
+    labels = {"model_name": collector_labels.get("model_name", getattr(manager, "served_model_name", ""))}
+    if "engine_type" in collector_labels:
+        labels["engine_type"] = collector_labels["engine_type"]
+    return {k: str(v) for k, v in labels.items()}
+
+
+def on_request_meta_info(manager, meta_info: dict, finish_reason) -> bool:
+    """AFTER hook body for TokenizerManager.update_request_meta_info (main process): when the request has just
+    finished and SGLang's metrics are on, observe its tau. Call after request_stats.replace_raw_lists."""
+    if finish_reason is None or not getattr(manager, "enable_metrics", False):
+        return False
+    return observe_finished_request(meta_info.get("dspark"), tokenizer_labels(manager))

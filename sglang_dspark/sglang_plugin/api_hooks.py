@@ -5,11 +5,14 @@ The extra top-level field is ignored by standard OpenAI clients (the `openai` pa
 
 from __future__ import annotations
 
+from sglang_dspark.metrics.prometheus import on_request_meta_info
 from sglang_dspark.metrics.request_stats import replace_raw_lists
 
 
 def after_update_request_meta_info(result, self, meta_info, *args, **kwargs):
     replace_raw_lists(meta_info)
+    # args = (state, customized_info, index, finish_reason): at the finish, observe the request's tau on /metrics
+    on_request_meta_info(self, meta_info, args[3] if len(args) > 3 else kwargs.get("finish_reason"))
     return result
 
 

@@ -25,8 +25,10 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
-from sglang_dspark.control import BatchContext, CalibrationMonitor, EngineCostModel, StepOutcome, make_policy
+from sglang_dspark.control import BatchContext, CalibrationMonitor, StepOutcome, make_policy
+from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
+from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
@@ -74,13 +76,18 @@ class DSparkExtWorker(BaseSpecWorker):
 
         self.calibration = CalibrationMonitor(self.gamma, online=self.options.online_calibration,
                                               temperatures=(sts or [1.0] * self.drafter.block_size)[: self.gamma])
-        self.cost_model = EngineCostModel()
+        sa = server_args
+        self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device),
+                                      self.options.cost_model_path, self.options.profile_cost_model)
+        self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
+        self.profile_policy = make_policy(f"random:{self.gamma}", None, gamma=self.gamma)
         self.counters = WorkerCounters()
         self.context_pool: DraftContextPool | None = None
         trace_path = os.environ.get("SGLANG_DSPARK_TRACE_PATH")
         self.trace = StepTrace(trace_path) if trace_path else None
         self.step_index = 0
+        self.metrics = _create_metrics(server_args, self.gamma, self.options.controller)
         # Fault injection for tests: the first N decode steps get non-finite drafter output.
         self.inject_nan_steps = int(os.environ.get("SGLANG_DSPARK_INJECT_NAN_STEPS", "0"))
         logger.info("DSPARK_EXT worker: gamma=%d controller=%s drafter layers=%d target_layer_ids=%s",
@@ -197,7 +204,9 @@ class DSparkExtWorker(BaseSpecWorker):
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
                                temperatures=draft_temps, last_step_time_s=self.counters.last_step_s,
                                min_user_tps=self.min_user_tps(bs))
-            verify_lens = self.policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
+            policy = self.profile_policy if self.costs.profiling else self.policy
+            verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
+            verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
             verify_lens = self._restrict(batch, verify_lens)
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
@@ -219,7 +228,10 @@ class DSparkExtWorker(BaseSpecWorker):
         )
         accept = self._accept(processed, rows, verify_lens, drafts, draft_logits, draft_temps, si, bs)
         self.context_pool.write(slots, positions, self._features(out))
+        if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
+            torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
+        self.costs.record(int(len(slots)), bs, int(committed.sum()), stats.verify_s)
 
         accept_lens = accept.accept_lens.to(torch.int64).cpu()
         out_tokens = accept.output_tokens.clamp_min(0).to(torch.int64).cpu()
@@ -231,6 +243,8 @@ class DSparkExtWorker(BaseSpecWorker):
 
         stats.finish(verify_lens, accept_lens, fallback)
         self.counters.add(stats)
+        if self.metrics is not None:  # before policy.observe: the cost model predicts this step unrefined
+            self._observe_metrics(stats, committed, None if fallback else conf)
         if fallback is None:
             self.calibration.record(conf_logits.cpu(), verify_lens, accept_lens)
             self.calibration.maybe_refit()
@@ -248,6 +262,13 @@ class DSparkExtWorker(BaseSpecWorker):
                                              _next_streak(state.zero_streak, verify_lens)),
             speculative_num_draft_tokens=self.stride, can_run_cuda_graph=False,
         )
+
+    def _observe_metrics(self, stats: StepStats, committed: torch.Tensor, conf) -> None:
+        bs, verified = stats.batch_size, sum(stats.verify_lens)
+        predicted = float(self.cost_model.predict(bs + verified, bs, int(committed.sum())))
+        self.metrics.observe_step(stats, budget_tokens=verified, capacity_tokens=bs * self.gamma, running=bs,
+                                  predicted_s=predicted, measured_s=stats.verify_s,
+                                  ece_per_position=self.calibration.ece().tolist(), conf=conf)
 
     def min_user_tps(self, bs: int) -> torch.Tensor | None:
         floor = self.options.min_user_tps
@@ -289,8 +310,26 @@ class DSparkExtWorker(BaseSpecWorker):
         self.counters.requests_finished += 1
 
 
+def _mask(indices: torch.Tensor, n: int) -> torch.Tensor:
+    m = torch.zeros(n, dtype=torch.bool)
+    m[indices.cpu()] = True
+    return m
+
+
 def _next_streak(streak: torch.Tensor, verify_lens: torch.Tensor) -> torch.Tensor:
     return torch.where(verify_lens.cpu() == 0, streak + 1, torch.zeros_like(streak))
+
+
+def _create_metrics(server_args, gamma: int, controller: str) -> DSparkMetrics | None:
+    """Prometheus metrics when --enable-metrics is on, on the rank SGLang's scheduler metrics report from."""
+    from sglang.srt.runtime_context import get_observability, get_parallel
+
+    obs, par = get_observability(), get_parallel()
+    enabled = obs.enable_metrics and (par.attn_tp_rank == 0 or obs.enable_metrics_for_all_schedulers)
+    metrics = DSparkMetrics.create(scheduler_labels(server_args, par, obs.extra_metric_labels), enabled=enabled)
+    if metrics is not None:
+        metrics.set_info(controller, gamma, server_args.speculative_draft_model_path)
+    return metrics
 
 
 def _dense_index(verify_lens: torch.Tensor, gamma: int) -> torch.Tensor:

@@ -1,0 +1,373 @@
+"""`python -m sglang_dspark.bench sim`: trace-replay simulator of verify-length policies at any concurrency.
+
+Input: step traces the DSPARK_EXT worker writes (SGLANG_DSPARK_TRACE_PATH=<file>; `bench serve` keeps one file
+per level under benchmarks/results/traces/). Each trace row is one decode step: per request the calibrated
+confidences conf[G], the verify length l and the accepted length a, plus kv_lens, draft_s and verify_s.
+
+Record the request pool with `fixed:<G>` (G = the drafter's gamma): then every draft is verified and a is the TRUE
+acceptance length A. Rows with l < G and a == l are censored (A >= l, value unknown) and are left out of the pool;
+traces of other policies still feed the cost fit. Why min(A, l) is exact: whether draft j is accepted depends only
+on drafts < j and the target's randomness at position j, so verifying fewer drafts accepts exactly min(A, l) of
+them (greedy and rejection sampling alike, with the same random draws).
+
+Per (policy, concurrency c): `--steps` synthetic batches of c request-rows drawn from the pool (the same batches for
+every policy), l = policy.choose(conf, ctx), accepted = min(A, l), step time = verify cost model(T = sum(1 + l),
+R = c, K = sum kv) + draft time (d0 + d1 * requests drafted, fitted from the trace's draft_s; with --draft-skip
+requests with l = 0 are not drafted, which the worker does not do yet). goodput = sum(accepted + 1) / sum(step time).
+The verify cost model is --cost-model (an EngineCostModel JSON; it predicts the verify forward only, like the
+worker's) or is fitted from the traces' (T, R, K, verify_s). `oracle` knows A (BatchContext.true_accept_lens) and
+the full step cost. Not modelled: prefill, scheduling overhead, requests joining/leaving - so `--validate
+serve.json` (relative error vs the real server at c <= 16) shows the size of those effects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import glob
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_section
+from sglang_dspark.control import BatchContext, EngineCostModel, StepOutcome, make_policy
+
+DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
+DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+ROW_COLUMNS = ["policy", "concurrency", "goodput_tok_s", "per_user_tok_s", "tau", "mean_verify_len",
+               "wasted_per_step", "mean_step_ms"]
+NOT_SIMULATED = {"ngram"}  # no confidences in the trace for SGLang's own drafters
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", nargs="+", required=True,
+                   help="trace JSONL files, globs or folders (searched for *.jsonl); record with fixed:<gamma>")
+    p.add_argument("--cost-model", default=None, help="EngineCostModel JSON (verify step time); default: fit")
+    p.add_argument("--save-cost-model", default=None, help="write the fitted verify cost model here")
+    p.add_argument("--policies", default=DEFAULT_POLICIES)
+    p.add_argument("--concurrency", type=int, nargs="+", default=DEFAULT_CONCURRENCY)
+    p.add_argument("--steps", type=int, default=200, help="simulated steps per (policy, concurrency)")
+    p.add_argument("--gamma", type=int, default=None, help="draft width (default: the traces' conf width)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft-skip", action="store_true", help="requests with l = 0 cost no draft time")
+    p.add_argument("--no-draft-cost", action="store_true", help="leave draft time out of the step time")
+    p.add_argument("--validate", default=None, metavar="SERVE_JSON",
+                   help="compare with real server rows (bench serve output) at c <= --validate-max-concurrency")
+    p.add_argument("--validate-max-concurrency", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="temperature the traces were recorded at (which serve rows --validate compares with)")
+    p.add_argument("--out", default=str(RESULTS_DIR / "sim.json"))
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-markdown", action="store_true")
+
+
+# ------------------------------------------------------------------------------------------------ trace input
+@dataclass
+class TraceData:
+    conf: torch.Tensor  # Float[N, G] calibrated per-position acceptance probabilities
+    true_accept: torch.Tensor  # Long[N] acceptance length with all G drafts verified
+    kv_lens: torch.Tensor  # Long[N]
+    cost_samples: list[tuple[int, int, int, float]]  # (T, R, K, verify_s) per step
+    draft_samples: list[tuple[int, float]]  # (R, draft_s) per step
+    num_censored: int
+
+    @property
+    def gamma(self) -> int:
+        return self.conf.shape[1]
+
+
+def expand_paths(items: list[str]) -> list[Path]:
+    paths: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            paths += sorted(q for q in p.rglob("*.jsonl") if not q.name.startswith("."))
+        elif any(ch in item for ch in "*?["):
+            paths += sorted(Path(q) for q in glob.glob(item, recursive=True))
+        else:
+            paths.append(p)
+    if not paths:
+        raise SystemExit(f"sim: no trace files in {items}")
+    return paths
+
+
+def load_traces(paths: list[Path]) -> TraceData:
+    confs, accepts, kvs, costs, drafts = [], [], [], [], []
+    gamma, censored = None, 0
+    for path in paths:
+        with open(path) as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                step = json.loads(line)
+                verify, accept, kv, conf = step["verify_lens"], step["accept_lens"], step["kv_lens"], step["conf"]
+                if not verify:
+                    continue
+                width = len(conf[0])
+                if gamma is None:
+                    gamma = width
+                elif width != gamma:
+                    raise SystemExit(f"sim: {path}:{line_no}: conf width {width}, earlier traces had {gamma}")
+                costs.append((len(verify) + sum(verify), len(verify), sum(kv), float(step["verify_s"])))
+                drafts.append((len(verify), float(step.get("draft_s", 0.0))))
+                for r, (v, a) in enumerate(zip(verify, accept)):
+                    if v < width and a >= v:
+                        censored += 1  # everything verified was accepted: the true length is unknown
+                        continue
+                    confs.append(conf[r])
+                    accepts.append(a)
+                    kvs.append(kv[r])
+    if not confs:
+        raise SystemExit(f"sim: no uncensored request-rows in {len(paths)} trace file(s); record with fixed:<gamma>")
+    return TraceData(torch.tensor(confs, dtype=torch.float32), torch.tensor(accepts, dtype=torch.long),
+                     torch.tensor(kvs, dtype=torch.long), costs, drafts, censored)
+
+
+# ------------------------------------------------------------------------------------------------ cost models
+def fit_cost_model(samples: list[tuple[int, int, int, float]]) -> EngineCostModel:
+    """Verify-step cost from trace steps. Traces of one fixed:G alone have T = (G+1)*R, which cannot separate the
+    per-token from the per-request cost; then the per-request term is dropped (CPU verify time is ~ per token)."""
+    arr = np.asarray(samples, dtype=float)
+    if len(arr) < 4:
+        raise SystemExit(f"sim: {len(arr)} trace steps are too few to fit a cost model; pass --cost-model")
+    T, R, K, y = arr.T
+    X = np.stack([np.ones_like(T), T / 256, R / 64, K / 65536], axis=1)
+    if np.linalg.matrix_rank(X) == 4:
+        return EngineCostModel().fit([tuple(s) for s in samples])
+    print("sim: warning: the traces do not vary tokens and requests independently (record several fixed:G or "
+          "pass --cost-model); fitting t = a + b*T + d*K without a per-request term", file=sys.stderr)
+    cols = [0, 1, 3] if np.linalg.matrix_rank(X[:, [0, 1, 3]]) == 3 else [0, 1]
+    beta = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
+    coef = [0.0, 0.0, 0.0, 0.0]
+    scale = [1.0, 256.0, 64.0, 65536.0]
+    for c, b in zip(cols, beta):
+        coef[c] = float(b / scale[c])
+    model = EngineCostModel(coef=tuple(coef))
+    model.num_fit_samples = len(arr)
+    return model
+
+
+@dataclass
+class DraftCost:
+    """Draft time of one step: d0 + d1 * (requests drafted), 0 when nothing is drafted."""
+
+    d0: float = 0.0
+    d1: float = 0.0
+
+    @classmethod
+    def fit(cls, samples: list[tuple[int, float]]) -> "DraftCost":
+        arr = np.asarray(samples, dtype=float)
+        if len(arr) == 0 or arr[:, 1].sum() <= 0:
+            return cls()
+        R, y = arr.T
+        if len(np.unique(R)) >= 2:
+            d0, d1 = np.linalg.lstsq(np.stack([np.ones_like(R), R], 1), y, rcond=None)[0]
+            if d0 >= 0 and d1 >= 0:
+                return cls(float(d0), float(d1))
+        return cls(0.0, float(y.sum() / R.sum()))  # a measured per-request cost
+
+    def __call__(self, num_drafted: int) -> float:
+        return self.d0 + self.d1 * num_drafted if num_drafted > 0 else 0.0
+
+
+class FullStepCost:
+    """Cost-model view with draft time added (what the oracle optimises: the whole step, not just verify)."""
+
+    def __init__(self, verify_cost: EngineCostModel, draft_s: float):
+        self.verify_cost, self.draft_s = verify_cost, draft_s
+
+    def predict(self, T, R, K):
+        return self.verify_cost.predict(T, R, K) + self.draft_s
+
+    def sps(self, T, R, K):
+        return 1.0 / self.predict(T, R, K)
+
+
+# ------------------------------------------------------------------------------------------------ simulation
+def make_sim_policy(spec: str, cost: EngineCostModel, draft: DraftCost, concurrency: int, gamma: int):
+    if spec == "none":
+        return None
+    if spec == "oracle":
+        return make_policy(spec, FullStepCost(cost, draft(concurrency)), gamma=gamma)
+    # a copy: online cost updates must not change the simulator's ground truth
+    return make_policy(spec, copy.deepcopy(cost), gamma=gamma)
+
+
+def batch_indices(pool_size: int, concurrency: int, steps: int, seed: int) -> torch.Tensor:
+    """Long[steps, c] request-rows per step; the same for every policy (common random numbers)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + concurrency)
+    return torch.randint(pool_size, (steps, concurrency), generator=gen)
+
+
+def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost, concurrency: int, steps: int,
+             gamma: int, seed: int = 0, draft_skip: bool = False) -> dict:
+    policy = make_sim_policy(spec, cost, draft, concurrency, gamma)
+    conf_all = data.conf[:, :gamma]
+    true_all = data.true_accept.clamp(max=gamma)
+    tokens = verified = accepted_total = 0
+    total_s = 0.0
+    last_s = None
+    for step, idx in enumerate(batch_indices(len(data.true_accept), concurrency, steps, seed)):
+        conf, truth, kv = conf_all[idx], true_all[idx], data.kv_lens[idx]
+        kv_tokens = int(kv.sum())
+        if policy is None:
+            lengths = torch.zeros(concurrency, dtype=torch.long)
+        else:
+            ctx = BatchContext(num_requests=concurrency, kv_lens=kv, last_step_time_s=last_s, step_index=step,
+                               true_accept_lens=truth)
+            lengths = policy.choose(conf, ctx).to(torch.long).clamp(0, gamma)
+        accepted = torch.minimum(truth, lengths)
+        verify_s = float(cost.predict(concurrency + int(lengths.sum()), concurrency, kv_tokens))
+        drafted = 0 if policy is None else int((lengths > 0).sum()) if draft_skip else concurrency
+        step_s = verify_s + draft(drafted)
+        if policy is not None:
+            policy.observe(StepOutcome(verify_lens=lengths, accept_lens=accepted, step_time_s=verify_s, kv_lens=kv))
+        tokens += concurrency + int(accepted.sum())
+        accepted_total += int(accepted.sum())
+        verified += int(lengths.sum())
+        total_s += step_s
+        last_s = step_s
+    request_steps = steps * concurrency
+    goodput = tokens / total_s
+    return {"policy": spec, "concurrency": concurrency, "goodput_tok_s": round(goodput, 3),
+            "per_user_tok_s": round(goodput / concurrency, 3), "tau": round(tokens / request_steps, 4),
+            "mean_verify_len": round(verified / request_steps, 4),
+            "wasted_per_step": round((verified - accepted_total) / steps, 3),
+            "mean_step_ms": round(1e3 * total_s / steps, 3)}
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def validate(sim_rows: list[dict], serve_rows: list[dict], temperature: float, max_concurrency: int,
+             simulate_missing) -> list[dict]:
+    """Relative error of simulated goodput against the real server's aggregate tok/s (and tau, verify length)."""
+    by_key = {(r["policy"], r["concurrency"]): r for r in sim_rows}
+    out = []
+    for real in serve_rows:
+        if (real["policy"] in NOT_SIMULATED or real["concurrency"] > max_concurrency
+                or abs(float(real["temperature"]) - temperature) > 1e-6):
+            continue
+        key = (real["policy"], real["concurrency"])
+        if key not in by_key:
+            by_key[key] = simulate_missing(*key)
+        sim = by_key[key]
+        row = {"policy": key[0], "concurrency": key[1], "real_tok_s": real["aggregate_tok_s"],
+               "sim_tok_s": sim["goodput_tok_s"], "rel_err": _rel(sim["goodput_tok_s"], real["aggregate_tok_s"])}
+        for name in ("tau", "mean_verify_len"):
+            row[f"real_{name}"], row[f"sim_{name}"] = real.get(name), sim.get(name)
+        out.append(row)
+    return out
+
+
+def _rel(sim: float, real: float | None) -> float | None:
+    return round((sim - real) / real, 4) if real else None
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+def run(args: argparse.Namespace) -> list[dict]:
+    torch.set_num_threads(1)  # tiny tensors: threading only adds overhead on a shared machine
+    paths = expand_paths(args.trace)
+    data = load_traces(paths)
+    gamma = min(args.gamma or data.gamma, data.gamma)
+    cost = EngineCostModel.load(args.cost_model) if args.cost_model else fit_cost_model(data.cost_samples)
+    if args.save_cost_model:
+        Path(args.save_cost_model).write_text(json.dumps(cost.to_dict(), indent=2) + "\n")
+    draft = DraftCost() if args.no_draft_cost else DraftCost.fit(data.draft_samples)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip() and p.strip() not in NOT_SIMULATED]
+    print(f"sim: {len(paths)} trace file(s), {len(data.true_accept)} request-rows ({data.num_censored} censored "
+          f"left out), {len(data.cost_samples)} steps, gamma={gamma}, mean true accept "
+          f"{data.true_accept.clamp(max=gamma).float().mean():.2f}; verify cost coef {cost.coef}; "
+          f"draft d0={draft.d0:.3g}s d1={draft.d1:.3g}s/request", flush=True)
+
+    def sim(policy: str, concurrency: int) -> dict:
+        return simulate(policy, data, cost, draft, concurrency, args.steps, gamma, args.seed, args.draft_skip)
+
+    rows = [sim(p, c) for p, c in tqdm([(p, c) for p in policies for c in args.concurrency], desc="sim")]
+    for r in rows:
+        tqdm.write(", ".join(f"{k}={r[k]}" for k in ROW_COLUMNS))
+
+    validation = None
+    if args.validate:
+        serve_data = json.loads(Path(args.validate).read_text())
+        serve_rows = serve_data["rows"] if isinstance(serve_data, dict) else serve_data
+        validation = validate(rows, serve_rows, args.temperature, args.validate_max_concurrency, sim)
+        print_validation(validation)
+
+    meta = {"date": dt.date.today().isoformat(), "traces": [str(p) for p in paths], "gamma": gamma,
+            "steps": args.steps, "seed": args.seed, "draft_skip": args.draft_skip,
+            "cost_model": args.cost_model or "fitted from traces", "verify_cost": cost.to_dict(),
+            "draft_cost": {"d0": draft.d0, "d1": draft.d1}, "temperature": args.temperature,
+            "num_request_rows": len(data.true_accept), "num_censored": data.num_censored,
+            "command": "python -m sglang_dspark.bench sim " + shlex.join(_cli_argv())}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, "rows": rows}
+    if validation is not None:
+        payload["validation"] = validation
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    if not args.no_plots:
+        plot(rows, out.with_suffix(".png"))
+    if not args.no_markdown:
+        body = (f"Command: `{meta['command']}` ({meta['date']}; {meta['num_request_rows']} request-rows, "
+                f"gamma={gamma}, {args.steps} steps per point, cost model: {meta['cost_model']}). "
+                f"Trace replay: no prefill or scheduling overhead.\n\n" + markdown_table(rows, ROW_COLUMNS))
+        if validation:
+            body += "\n\nValidation against the real server:\n\n" + markdown_table(validation, list(validation[0]))
+        update_section("sim", body)
+    return rows
+
+
+def print_validation(rows: list[dict]) -> None:
+    if not rows:
+        print("sim: --validate found no comparable serve rows (policy, temperature, concurrency)")
+        return
+    print(f"{'policy':>14} {'c':>4} {'real tok/s':>11} {'sim tok/s':>10} {'rel err':>8} {'tau r/s':>13} {'verify r/s':>13}")
+    for r in rows:
+        err = "–" if r["rel_err"] is None else f"{100 * r['rel_err']:+.1f}%"
+        print(f"{r['policy']:>14} {r['concurrency']:>4} {r['real_tok_s']:>11.2f} {r['sim_tok_s']:>10.2f} {err:>8} "
+              f"{_pair(r['real_tau'], r['sim_tau']):>13} {_pair(r['real_mean_verify_len'], r['sim_mean_verify_len']):>13}")
+    errs = [abs(r["rel_err"]) for r in rows if r["rel_err"] is not None]
+    if errs:
+        print(f"mean |relative error| of goodput: {100 * sum(errs) / len(errs):.1f}% over {len(errs)} points")
+
+
+def _pair(a, b) -> str:
+    return f"{'–' if a is None else f'{a:.2f}'}/{'–' if b is None else f'{b:.2f}'}"
+
+
+def _cli_argv() -> list[str]:
+    argv = sys.argv[1:]
+    return argv[1:] if argv[:1] == ["sim"] else argv
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_g, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        lst = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["concurrency"])
+        cs = [r["concurrency"] for r in lst]
+        ax_g.plot(cs, [r["goodput_tok_s"] for r in lst], "o-", label=policy, markersize=3)
+        ax_v.plot(cs, [r["mean_verify_len"] for r in lst], "o-", label=policy, markersize=3)
+    for ax, ylabel, title in ((ax_g, "goodput tok/s", "simulated goodput"),
+                              (ax_v, "mean verify length", "verify budget per request-step")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    ax_g.set_yscale("log")
+    ax_g.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

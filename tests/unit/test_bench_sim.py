@@ -1,0 +1,113 @@
+"""Trace-replay simulator on a synthetic trace with known acceptance process and known step cost."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from sglang_dspark.bench import sim
+
+GAMMA = 5
+# verify step seconds = a + b*T + c*R + d*K; draft seconds = d0 + d1*R
+COST = (0.004, 0.0006, 0.0004, 2e-7)
+DRAFT = (0.001, 0.0002)
+
+
+def write_trace(path, steps: int = 120, seed: int = 0) -> None:
+    """Calibrated confidences (A is drawn from exactly those per-position probabilities); most steps verify all G
+    drafts (true lengths), some fixed:2 steps (censored rows, but they vary T/R for the cost fit)."""
+    gen = torch.Generator().manual_seed(seed)
+    with open(path, "w") as f:
+        for s in range(steps):
+            R = [1, 2, 4, 8][s % 4]
+            easy = torch.rand(R, 1, generator=gen)  # per-request difficulty: confident and doubtful requests
+            conf = (0.15 + 0.8 * easy) * torch.ones(R, GAMMA) - 0.05 * torch.rand(R, GAMMA, generator=gen)
+            ok = torch.rand(R, GAMMA, generator=gen) < conf
+            true = torch.cumprod(ok.long(), 1).sum(1)
+            verify = torch.full((R,), GAMMA if s % 3 else 2)
+            accept = torch.minimum(true, verify)
+            kv = torch.randint(50, 400, (R,), generator=gen)
+            T, K = int(R + verify.sum()), int(kv.sum())
+            f.write(json.dumps({
+                "kv_lens": kv.tolist(), "conf": conf.tolist(), "conf_logits": conf.logit().tolist(),
+                "verify_lens": verify.tolist(), "accept_lens": accept.tolist(),
+                "draft_s": DRAFT[0] + DRAFT[1] * R,
+                "verify_s": COST[0] + COST[1] * T + COST[2] * R + COST[3] * K,
+            }) + "\n")
+
+
+def sim_args(tmp_path, trace, **kw) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sim.add_args(parser)
+    ns = parser.parse_args(["--trace", str(trace), "--out", str(tmp_path / "sim.json"), "--no-markdown",
+                            "--steps", "40", "--concurrency", "1", "4", "32",
+                            "--policies", "none,fixed:1,fixed:5,dspark,dspark-async,sps-topk,oracle"])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    write_trace(path)
+    return path
+
+
+def test_load_traces_drops_censored_rows(trace):
+    data = sim.load_traces([trace])
+    assert data.gamma == GAMMA
+    assert data.num_censored > 0
+    # a fixed:2 row with accept == 2 is censored; every kept row is either fully verified or was rejected early
+    assert int(data.true_accept.max()) <= GAMMA
+    assert len(data.cost_samples) == 120
+
+
+def test_cost_and_draft_fit_recover_the_truth(trace):
+    data = sim.load_traces([trace])
+    fitted = sim.fit_cost_model(data.cost_samples)
+    for T, R, K in [(8, 1, 300), (200, 32, 8000), (40, 32, 8000)]:
+        truth = COST[0] + COST[1] * T + COST[2] * R + COST[3] * K
+        assert fitted.predict(T, R, K) == pytest.approx(truth, rel=1e-3)
+    draft = sim.DraftCost.fit(data.draft_samples)
+    assert (draft.d0, draft.d1) == pytest.approx(DRAFT, rel=1e-6)
+    assert draft(0) == 0.0
+
+
+def test_policy_ordering_and_outputs(tmp_path, trace):
+    rows = sim.run(sim_args(tmp_path, trace))
+    good = {(r["policy"], r["concurrency"]): r for r in rows}
+    for c in (1, 4, 32):
+        oracle, dspark, fixed1 = (good[(p, c)]["goodput_tok_s"] for p in ("oracle", "dspark", "fixed:1"))
+        assert oracle >= dspark >= fixed1, (c, oracle, dspark, fixed1)
+        assert good[("none", c)]["tau"] == 1.0 and good[("none", c)]["mean_verify_len"] == 0.0
+        assert good[("fixed:5", c)]["mean_verify_len"] == GAMMA
+    # under load the verify budget shrinks
+    assert good[("dspark", 32)]["mean_verify_len"] < good[("dspark", 1)]["mean_verify_len"]
+    saved = json.loads((tmp_path / "sim.json").read_text())
+    assert len(saved["rows"]) == len(rows) and saved["meta"]["gamma"] == GAMMA
+    assert (tmp_path / "sim.png").stat().st_size > 1000
+
+
+def test_oracle_never_verifies_past_the_true_length(trace):
+    data = sim.load_traces([trace])
+    cost = sim.fit_cost_model(data.cost_samples)
+    row = sim.simulate("oracle", data, cost, sim.DraftCost(*DRAFT), 8, 30, GAMMA)
+    assert row["wasted_per_step"] == 0.0
+
+
+def test_validate_reports_relative_error(tmp_path, trace, capsys):
+    serve = [{"policy": "fixed:1", "concurrency": 4, "temperature": 0.0, "aggregate_tok_s": 100.0, "tau": 1.5},
+             {"policy": "fixed:1", "concurrency": 64, "temperature": 0.0, "aggregate_tok_s": 1.0},  # c > 16
+             {"policy": "ngram", "concurrency": 4, "temperature": 0.0, "aggregate_tok_s": 1.0},  # not simulated
+             {"policy": "dspark", "concurrency": 2, "temperature": 1.0, "aggregate_tok_s": 1.0},  # other T
+             {"policy": "dspark", "concurrency": 2, "temperature": 0.0, "aggregate_tok_s": 50.0}]  # not in --concurrency
+    (tmp_path / "serve.json").write_text(json.dumps({"meta": {}, "rows": serve}))
+    rows = sim.run(sim_args(tmp_path, trace, validate=str(tmp_path / "serve.json"), no_plots=True))
+    val = json.loads((tmp_path / "sim.json").read_text())["validation"]
+    assert [(v["policy"], v["concurrency"]) for v in val] == [("fixed:1", 4), ("dspark", 2)]
+    sim_fixed = next(r for r in rows if r["policy"] == "fixed:1" and r["concurrency"] == 4)["goodput_tok_s"]
+    assert val[0]["rel_err"] == pytest.approx((sim_fixed - 100.0) / 100.0, abs=1e-4)
+    assert val[0]["real_tau"] == 1.5 and val[0]["sim_tau"] is not None
+    assert "rel err" in capsys.readouterr().out

@@ -1,0 +1,193 @@
+"""DSparkMetrics: counters equal the per-request records summed, per-position and calibration series, gauges,
+the tokenizer-side tau, and the export through prometheus_client's multiprocess mode (as SGLang runs it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+prometheus_client = pytest.importorskip("prometheus_client")
+
+from sglang_dspark.metrics.prometheus import (  # noqa: E402
+    DSparkMetrics,
+    metric_names,
+    observe_finished_request,
+    scheduler_labels,
+)
+from sglang_dspark.metrics.request_stats import summarize  # noqa: E402
+from sglang_dspark.sglang_plugin.stats import StepStats  # noqa: E402
+
+LABELS = {"model_name": "m", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+GAMMA = 4
+
+
+@pytest.fixture
+def registry():
+    return prometheus_client.CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry) -> DSparkMetrics:
+    m = DSparkMetrics.create(LABELS, registry=registry)
+    m.set_info("dspark", GAMMA, "/models/drafter")
+    return m
+
+
+def value(registry, name: str, **extra) -> float:
+    v = registry.get_sample_value(name, {**LABELS, **extra})
+    assert v is not None, f"{name} {extra} not exported"
+    return v
+
+
+def make_step(verify: list[int], accept: list[int], drafted: list[int] | None = None, fallback: str | None = None,
+              draft_s: float = 0.01, verify_s: float = 0.02) -> StepStats:
+    s = StepStats(len(verify), drafted=drafted if drafted is not None else [1] * len(verify), draft_s=draft_s,
+                  verify_s=verify_s)
+    s.finish(torch.tensor(verify), torch.tensor(accept), fallback)
+    return s
+
+
+def observe(m: DSparkMetrics, s: StepStats, conf=None, ece=None) -> None:
+    m.observe_step(s, budget_tokens=sum(s.verify_lens), capacity_tokens=s.batch_size * GAMMA, running=s.batch_size,
+                   predicted_s=0.05, measured_s=s.verify_s, ece_per_position=ece, conf=conf)
+
+
+def test_disabled_returns_none():
+    assert DSparkMetrics.create(LABELS, enabled=False) is None
+
+
+def test_counters_equal_per_request_records_summed(metrics, registry):
+    """Three requests (rid 0..2) over five steps, with draft skipping and a fallback step; the per-request records
+    are built exactly as the tokenizer side builds them, from the per-step customized_info."""
+    steps = [  # (rids in the batch, verify, accept, drafted, fallback)
+        ([0, 1], [4, 2], [3, 2], [1, 1], None),
+        ([0, 1], [0, 0], [0, 0], [1, 1], "nan"),
+        ([0, 1, 2], [1, 0, 3], [0, 0, 1], [1, 0, 1], None),
+        ([1, 2], [4, 4], [4, 1], [1, 1], None),
+        ([2], [2], [2], [1], None),
+    ]
+    per_request: dict[int, dict[str, list]] = {}
+    for rids, verify, accept, drafted, fallback in steps:
+        s = make_step(verify, accept, drafted, fallback)
+        observe(metrics, s)
+        info = s.customized_info(record_verify_lens=False)
+        for i, rid in enumerate(rids):
+            for key, vals in info.items():
+                per_request.setdefault(rid, {}).setdefault(key, []).append(vals[i])
+    records = [summarize(meta) for meta in per_request.values()]
+    total = {k: sum(r[k] for r in records) for k in ("verify_steps", "draft_steps", "verified", "accepted", "wasted")}
+    assert total == {"verify_steps": 10, "draft_steps": 7, "verified": 20, "accepted": 13, "wasted": 7}
+
+    p = "sglang:dspark_"
+    assert value(registry, p + "verify_steps_total") == total["verify_steps"]
+    assert value(registry, p + "bonus_tokens_total") == total["verify_steps"]
+    assert value(registry, p + "draft_steps_total") == total["draft_steps"]
+    assert value(registry, p + "drafted_tokens_total") == GAMMA * total["draft_steps"]
+    assert value(registry, p + "verified_tokens_total") == total["verified"]
+    assert value(registry, p + "accepted_tokens_total") == total["accepted"]
+    assert value(registry, p + "wasted_verify_tokens_total") == total["wasted"]
+    assert value(registry, p + "batch_steps_total") == len(steps)
+    assert value(registry, p + "fallbacks_total", reason="nan") == 1
+    assert value(registry, p + "fallbacks_total", reason="exception") == 0
+    # histograms: one observation per request-step, sums = the totals
+    assert value(registry, p + "accept_length_count") == total["verify_steps"]
+    assert value(registry, p + "accept_length_sum") == total["accepted"]
+    assert value(registry, p + "verify_length_sum") == total["verified"]
+    assert value(registry, p + "batch_verify_tokens_sum") == total["verify_steps"] + total["verified"]
+    assert value(registry, p + "draft_time_seconds_count") == len(steps) - 1  # no draft ran on the fallback step
+    assert value(registry, p + "verify_time_seconds_count") == len(steps)
+    # per position: verified/accepted request-steps reaching position p; they sum to the totals
+    verified_at = [value(registry, p + "verified_by_position_total", position=str(k)) for k in range(1, GAMMA + 1)]
+    accepted_at = [value(registry, p + "accepted_by_position_total", position=str(k)) for k in range(1, GAMMA + 1)]
+    assert verified_at == [7, 6, 4, 3]
+    assert accepted_at == [6, 4, 2, 1]
+    assert sum(verified_at) == total["verified"] and sum(accepted_at) == total["accepted"]
+
+
+def test_gauges_info_and_nan_ece(metrics, registry):
+    observe(metrics, make_step([3, 1], [1, 1]), ece=[0.1, float("nan"), 0.3, float("nan")])
+    p = "sglang:dspark_"
+    assert value(registry, p + "verify_budget_tokens") == 4
+    assert value(registry, p + "verify_capacity_tokens") == 2 * GAMMA
+    assert value(registry, p + "running_requests") == 2
+    assert value(registry, p + "step_time_predicted_seconds") == 0.05
+    assert value(registry, p + "step_time_measured_seconds") == 0.02
+    assert value(registry, p + "calibration_ece", position="1") == pytest.approx(0.1)
+    assert value(registry, p + "calibration_ece", position="3") == pytest.approx(0.3)
+    assert registry.get_sample_value(p + "calibration_ece", {**LABELS, "position": "2"}) is None  # nan: not set
+    assert value(registry, p + "controller_info", controller="dspark", gamma=str(GAMMA), drafter="/models/drafter") == 1
+
+
+def test_calibration_predicted_sums_survival_over_verified_positions(metrics, registry):
+    conf = torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.9, 0.8, 0.1, 0.1]])
+    observe(metrics, make_step([2, 4], [2, 1]), conf=conf)
+    predicted = [value(registry, "sglang:dspark_calibration_predicted_by_position_total", position=str(k))
+                 for k in range(1, GAMMA + 1)]
+    # row 0 verified 2 positions: survival 0.5, 0.25; row 1 all four: 0.9, 0.72, 0.072, 0.0072
+    assert predicted == pytest.approx([0.5 + 0.9, 0.25 + 0.72, 0.072, 0.0072])
+
+
+def test_finished_request_tau_is_exact(registry):
+    record = {"verify_steps": 3, "draft_steps": 3, "verified": 9, "accepted": 5, "wasted": 4, "mean_tau": 2.6667}
+    assert observe_finished_request(record, {"model_name": "m"}, registry=registry)
+    assert not observe_finished_request(None, {"model_name": "m"}, registry=registry)
+    assert not observe_finished_request({"verify_steps": 0, "accepted": 0, "mean_tau": None}, {"model_name": "m"},
+                                        registry=registry)
+    labels = {"model_name": "m"}
+    assert registry.get_sample_value("sglang:dspark_request_mean_tau_count", labels) == 1
+    assert registry.get_sample_value("sglang:dspark_request_mean_tau_sum", labels) == (5 + 3) / 3
+
+
+def test_scheduler_labels_match_sglang_schema():
+    class Args:
+        served_model_name = None
+        model_path = "/models/qwen"
+        disaggregation_mode = "null"
+
+    class Par:
+        tp_rank, pp_rank, moe_ep_rank, dp_rank = 1, 0, 0, None
+
+    assert scheduler_labels(Args(), Par(), {"cluster": "a"}) == {
+        "model_name": "/models/qwen", "engine_type": "unified", "tp_rank": "1", "pp_rank": "0", "moe_ep_rank": "0",
+        "cluster": "a"}
+
+
+def test_multiprocess_export(tmp_path):
+    """As in SGLang: PROMETHEUS_MULTIPROC_DIR set before prometheus_client is imported; one process writes
+    (scheduler side + tokenizer hook), a MultiProcessCollector reads. Every metric we document is exported."""
+    script = textwrap.dedent("""
+        import json, sys, torch
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+        from sglang_dspark.metrics.prometheus import DSparkMetrics, on_request_meta_info
+        from sglang_dspark.sglang_plugin.stats import StepStats
+        m = DSparkMetrics.create({"model_name": "m", "tp_rank": "0"})
+        m.set_info("fixed:3", 4, "d")
+        s = StepStats(2, drafted=[1, 1]); s.finish(torch.tensor([3, 1]), torch.tensor([2, 0]), None)
+        m.observe_step(s, budget_tokens=4, capacity_tokens=8, running=2, predicted_s=0.1, measured_s=0.2,
+                       ece_per_position=[0.1, 0.2, 0.3, 0.4], conf=torch.full((2, 4), 0.5))
+        class Manager:
+            enable_metrics = True
+            served_model_name = "m"
+        meta = {"dspark": {"verify_steps": 2, "accepted": 2}}
+        assert not on_request_meta_info(Manager(), meta, None)   # not finished yet
+        assert on_request_meta_info(Manager(), meta, {"type": "length"})
+        reg = CollectorRegistry(); multiprocess.MultiProcessCollector(reg)
+        sys.stdout.write(generate_latest(reg).decode())
+    """)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {s.name: s for fam in text_string_to_metric_families(out.stdout) for s in fam.samples}
+    missing = [n for n in metric_names() if n not in samples]
+    assert not missing, missing
+    assert samples["sglang:dspark_accepted_tokens_total"].value == 2
+    assert samples["sglang:dspark_running_requests"].value == 2
+    assert samples["sglang:dspark_request_mean_tau_sum"].value == 2.0
+    assert samples["sglang:dspark_request_mean_tau_sum"].labels == {"model_name": "m"}
