@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve serve-nospec test test-unit test-integration bench-baseline clean-venv
+.PHONY: setup test-deps serve serve-nospec test test-unit test-integration bench-baseline clean-venv
 
 setup:
 	bash scripts/setup.sh
@@ -13,13 +13,17 @@ serve:
 serve-nospec:
 	$(PY) -m sglang_dspark.launch_server --no-dspark $(ARGS)
 
-test:
+# Test-only system dependency: a real Prometheus server for the metrics integration test (Debian package).
+test-deps:
+	bash scripts/install_prometheus.sh
+
+test: test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
 
 test-unit:
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
-test-integration:
+test-integration: test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
 
 bench-baseline:

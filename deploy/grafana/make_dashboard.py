@@ -46,10 +46,13 @@ PANELS = [
      [(f"{rate('sglang:dspark_accepted_by_position_total', by='position')} / "
        f"{rate('sglang:dspark_verified_by_position_total', by='position')}", "position {{position}}")], {}),
     ("Verify budget per request vs running requests", "none",
-     "Left: draft tokens verified per request per step (what the controller spent) and the ceiling gamma. "
+     "Left: draft tokens verified per request per step (window average, and the controller's budget of the last "
+     "step) and the ceiling gamma. "
      "Right: requests per decode batch. DSpark spends less per request as the batch grows.",
      [(f"{rate('sglang:dspark_verified_tokens_total')} / {rate('sglang:dspark_verify_steps_total')}",
        "verified drafts per request per step"),
+      (f"{gauge('sglang:dspark_verify_budget_tokens')} / {gauge('sglang:dspark_running_requests')}",
+       "controller budget per request (last step)"),
       (f"{gauge('sglang:dspark_verify_capacity_tokens')} / {gauge('sglang:dspark_running_requests')}",
        "capacity per request (gamma)"),
       (f"{rate('sglang:dspark_verify_steps_total')} / {rate('sglang:dspark_batch_steps_total')}",
@@ -57,8 +60,9 @@ PANELS = [
      {"right_axis": ["running requests per step"]}),
     ("Wasted verify tokens/s", "short",
      "Draft tokens the target verified and rejected, per second (target compute spent on nothing), next to "
-     "verified and accepted drafts per second.",
+     "drafted, verified and accepted drafts per second.",
      [(rate("sglang:dspark_wasted_verify_tokens_total"), "wasted (verified, rejected)"),
+      (rate("sglang:dspark_drafted_tokens_total"), "drafted"),
       (rate("sglang:dspark_verified_tokens_total"), "verified"),
       (rate("sglang:dspark_accepted_tokens_total"), "accepted")], {}),
     ("Aggregate vs per-user tokens/s", "short",
@@ -90,10 +94,14 @@ PANELS = [
        f"{gauge('sglang:dspark_step_time_measured_seconds')}) / {gauge('sglang:dspark_step_time_measured_seconds')}",
        "relative error")],
      {"right_axis": ["relative error"]}),
-    ("Fallbacks to plain decoding", "short",
-     "Decode steps that fell back to plain decoding because the drafter failed (nan: non-finite output; "
-     "exception: it raised). Any sustained rate is a bug.",
-     [(f"{rate('sglang:dspark_fallbacks_total', by='reason')} * 60", "{{reason}} per minute")], {}),
+    ("Fallbacks to plain decoding and draft skipping", "short",
+     "Decode steps per minute that fell back to plain decoding because the drafter failed (nan: non-finite "
+     "output; exception: it raised; any sustained rate is a bug). Right axis: share of request-steps the drafter "
+     "ran for (the rest were skipped because the controller kept verifying nothing for them).",
+     [(f"{rate('sglang:dspark_fallbacks_total', by='reason')} * 60", "{{reason}} fallbacks per minute"),
+      (f"{rate('sglang:dspark_draft_steps_total')} / {rate('sglang:dspark_verify_steps_total')}",
+       "share of request-steps drafted")],
+     {"right_axis": ["share of request-steps drafted"]}),
     ("Draft and verify time per step", "s",
      "Mean drafter and target-verify time per decode step, and their p95.",
      [(f"{rate('sglang:dspark_draft_time_seconds_sum')} / {rate('sglang:dspark_draft_time_seconds_count')}",

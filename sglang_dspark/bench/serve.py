@@ -20,6 +20,7 @@ import platform
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -32,6 +33,11 @@ DEFAULT_POLICIES = "none,ngram,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,d
 ROW_COLUMNS = ["policy", "concurrency", "temperature", "aggregate_tok_s", "per_user_tok_s_median",
                "per_user_tok_s_p10", "tau", "mean_verify_len", "wasted_verify_tokens"]
 TRACE_ENV = "SGLANG_DSPARK_TRACE_PATH"
+# Worker log lines (sglang_plugin/cost_profile.py) telling where its cost model came from.
+COST_SOURCE_LINE = re.compile(r"DSPARK_EXT cost model: (\S+)")
+COST_PROFILED_LINE = "DSPARK_EXT cost model profiled from"
+# launch_server drives a start-up profiling load for <= 60 s after /health (profile_warmup.py); measure after it.
+LAUNCHER_PROFILE_LOAD_S = 65.0
 # Settings that must match for old rows to be comparable with new ones (else: another --out, or --force).
 RUN_SETTINGS = ("max_tokens", "model", "drafter", "prompts")
 
@@ -45,10 +51,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per concurrency level (default: max(4, 2*c))")
-    p.add_argument("--prompts", default=None, help="JSONL with {\"turns\": [...]} (default: eval gsm8k/humaneval/mt-bench mix)")
+    p.add_argument("--prompts", default=None,
+                   help="JSONL with {\"turns\": [...]} (default: the eval gsm8k/humaneval/mt-bench mix)")
     p.add_argument("--model", default=None, help="target model dir (default: the launcher's embedded model)")
     p.add_argument("--drafter", default=None, help="DSpark drafter dir (default: the shipped drafter)")
     p.add_argument("--gamma", type=int, default=None, help="--dspark-gamma for DSpark policies")
+    p.add_argument("--cost-model", default=None,
+                   help="EngineCostModel JSON for every DSpark server (--dspark-cost-model-path); default: the "
+                        "worker's cached profile, or it profiles at start (we wait for that before measuring)")
+    p.add_argument("--profile-timeout", type=float, default=600.0,
+                   help="max seconds to wait for a DSpark server's start-up cost profiling")
     p.add_argument("--ngram-args", default="--speculative-num-draft-tokens 8",
                    help="extra server flags for the ngram policy (see `python -m sglang_dspark.launch_server --help`)")
     p.add_argument("--server-args", default="", help="extra flags for every launched server")
@@ -139,7 +151,38 @@ def server_flags(policy: str, args: argparse.Namespace) -> list[str]:
              "--dspark-controller", policy]
     if args.gamma is not None:
         flags += ["--dspark-gamma", str(args.gamma)]
+    if args.cost_model:
+        flags += ["--dspark-cost-model-path", args.cost_model]
     return flags + common
+
+
+def wait_for_cost_model(log_path: Path | None, healthy_at: float, drive, timeout_s: float,
+                        profiling_allowed: bool = True, poll_s: float = 2.0) -> str:
+    """Block until the DSPARK_EXT worker's cost model is final; returns where it came from.
+
+    Without a cached/explicit model the worker verifies RANDOM lengths for its first decode steps (profiling) and
+    the launcher sends its own load meanwhile: measuring then would time neither the policy nor our load alone.
+    `drive()` sends a little traffic when the launcher's load ended before profiling did."""
+    deadline = healthy_at + timeout_s
+    while True:
+        text = log_path.read_text(errors="replace") if log_path is not None and log_path.exists() else ""
+        match = COST_SOURCE_LINE.search(text)
+        if match is None:
+            return "unknown"  # a worker that does not log its cost model: nothing to wait for
+        if match.group(1) != "prior":
+            return match.group(1)  # loaded from a file or the per-stack cache: no profiling phase
+        if not profiling_allowed:
+            return "prior"
+        if COST_PROFILED_LINE in text:
+            time.sleep(max(0.0, healthy_at + LAUNCHER_PROFILE_LOAD_S - time.time()))
+            return "profiled"
+        if time.time() > deadline:
+            tqdm.write(f"serve: warning: cost profiling unfinished after {timeout_s:.0f}s; measuring anyway")
+            return "prior (profiling unfinished)"
+        if time.time() > healthy_at + LAUNCHER_PROFILE_LOAD_S:
+            drive()
+        else:
+            time.sleep(poll_s)
 
 
 def safe_name(text: str) -> str:
@@ -246,12 +289,15 @@ def run(args: argparse.Namespace) -> list[dict]:
         for policy, levels in todo.items():
             if not levels:
                 continue
-            with _server(policy, args, trace_dir) as (url, trace_path):
-                tail = TraceTail(trace_path) if trace_path is not None else None
-                run_load_sync(url, prompts[:2], 1, 8, progress=False)  # warm the server's paths before timing
+            with _server(policy, args, trace_dir) as srv:
+                bar.set_description(f"{policy}: warming up")
+                cost_source = get_ready(srv, policy, args, prompts, [t for _, t in levels])
+                tail = TraceTail(srv.trace_path) if srv.trace_path is not None else None
                 for concurrency, temperature in levels:
                     bar.set_description(f"{policy} c={concurrency} T={temperature:g}")
-                    row = measure_level(url, prompts, policy, concurrency, temperature, args, tail, trace_dir)
+                    row = measure_level(srv.url, prompts, policy, concurrency, temperature, args, tail, trace_dir)
+                    if cost_source is not None:
+                        row["cost_model"] = cost_source
                     rows.append(row)
                     save_results(out, meta, rows)
                     bar.update(1)
@@ -268,28 +314,45 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def get_ready(srv: "_server", policy: str, args: argparse.Namespace, prompts: list[tuple[str, str]],
+              temperatures: list[float]) -> str | None:
+    """Wait out the worker's start-up cost profiling, then warm the greedy and sampling paths before timing."""
+    cost_source = None
+    if is_dspark_policy(policy) and srv.proc is not None:
+        cost_source = wait_for_cost_model(
+            srv.proc.log_path, srv.healthy_at, lambda: run_load_sync(srv.url, prompts[:4], 4, 32, progress=False),
+            args.profile_timeout, profiling_allowed="--dspark-no-profile" not in args.server_args)
+    for temperature in dict.fromkeys(temperatures):
+        run_load_sync(srv.url, prompts[:2], 2, 16, temperature=temperature, progress=False)
+    return cost_source
+
+
 class _server:
-    """Context manager: (base_url, trace file or None) for a launched server, or for --url."""
+    """Context manager for the server one policy is measured on: launched here, or --url."""
 
     def __init__(self, policy: str, args: argparse.Namespace, trace_dir: Path | None):
         self.policy, self.args, self.trace_dir = policy, args, trace_dir
         self.proc: ServerProcess | None = None
+        self.url = args.url.rstrip("/") if args.url else ""
+        self.trace_path: Path | None = Path(args.trace_file) if args.url and args.trace_file else None
+        self.healthy_at = 0.0
 
-    def __enter__(self) -> tuple[str, Path | None]:
+    def __enter__(self) -> "_server":
         if self.args.url:
-            return self.args.url.rstrip("/"), Path(self.args.trace_file) if self.args.trace_file else None
-        env, trace_path = {}, None
+            return self
+        env = {}
         if self.trace_dir is not None and is_dspark_policy(self.policy):
             self.trace_dir.mkdir(parents=True, exist_ok=True)
-            trace_path = self.trace_dir / f".live_{safe_name(self.policy)}.jsonl"
-            trace_path.unlink(missing_ok=True)
-            env[TRACE_ENV] = str(trace_path)
+            self.trace_path = self.trace_dir / f".live_{safe_name(self.policy)}.jsonl"
+            self.trace_path.unlink(missing_ok=True)
+            env[TRACE_ENV] = str(self.trace_path)
         tqdm.write(f"serve: starting server for {self.policy}")
         self.proc = ServerProcess(server_flags(self.policy, self.args), env=env,
                                   startup_timeout_s=self.args.startup_timeout)
         self.proc.start()
-        self.trace_path = trace_path
-        return self.proc.base_url, trace_path
+        self.healthy_at = time.time()
+        self.url = self.proc.base_url
+        return self
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:

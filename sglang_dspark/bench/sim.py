@@ -5,15 +5,17 @@ per level under benchmarks/results/traces/). Each trace row is one decode step: 
 confidences conf[G], the verify length l and the accepted length a, plus kv_lens, draft_s and verify_s.
 
 Record the request pool with `fixed:<G>` (G = the drafter's gamma): then every draft is verified and a is the TRUE
-acceptance length A. Rows with l < G and a == l are censored (A >= l, value unknown) and are left out of the pool;
-traces of other policies still feed the cost fit. Why min(A, l) is exact: whether draft j is accepted depends only
-on drafts < j and the target's randomness at position j, so verifying fewer drafts accepts exactly min(A, l) of
-them (greedy and rejection sampling alike, with the same random draws).
+acceptance length A. Rows with l < G and a == l are censored (A >= l, value unknown) and are left out of the pool
+(this also drops requests the worker skipped drafting for, and most of its random-length cost-profiling steps);
+traces of other policies still feed the cost fit. Why min(A, l) is exact: the accept decision for draft j depends
+only on drafts 0..j and the target's randomness at position j - never on how many drafts after j are verified - so
+verifying l drafts accepts exactly min(A, l) of them (greedy and rejection sampling alike, same random draws).
 
 Per (policy, concurrency c): `--steps` synthetic batches of c request-rows drawn from the pool (the same batches for
 every policy), l = policy.choose(conf, ctx), accepted = min(A, l), step time = verify cost model(T = sum(1 + l),
 R = c, K = sum kv) + draft time (d0 + d1 * requests drafted, fitted from the trace's draft_s; with --draft-skip
-requests with l = 0 are not drafted, which the worker does not do yet). goodput = sum(accepted + 1) / sum(step time).
+requests with l = 0 this step cost no draft time - optimistic: the worker skips after a step with l = 0, re-probing).
+goodput = sum(accepted + 1) / sum(step time).
 The verify cost model is --cost-model (an EngineCostModel JSON; it predicts the verify forward only, like the
 worker's) or is fitted from the traces' (T, R, K, verify_s). `oracle` knows A (BatchContext.true_accept_lens) and
 the full step cost. Not modelled: prefill, scheduling overhead, requests joining/leaving - so `--validate
@@ -43,6 +45,8 @@ DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 ROW_COLUMNS = ["policy", "concurrency", "goodput_tok_s", "per_user_tok_s", "tau", "mean_verify_len",
                "wasted_per_step", "mean_step_ms"]
+COST_FEATURE_SCALE = np.array([1.0, 256.0, 64.0, 65536.0])  # as control/cost_model.py: well-conditioned lstsq
+SKIPPED_CONF_LOGIT = -30.0  # worker.py _draft: confidence logit of requests it did not draft for
 NOT_SIMULATED = {"ngram"}  # no confidences in the trace for SGLang's own drafters
 
 
@@ -98,6 +102,18 @@ def expand_paths(items: list[str]) -> list[Path]:
     return paths
 
 
+def num_drafted(step: dict) -> int:
+    """Requests the worker drafted for in this step (draft skipping leaves some out)."""
+    if "drafted" in step:
+        drafted = step["drafted"]
+        return int(sum(drafted)) if isinstance(drafted, list) else int(drafted)
+    logits = step.get("conf_logits")
+    if logits is None:
+        return len(step["verify_lens"])
+    # a skipped request gets the worker's sentinel confidence logit at every position
+    return sum(1 for row in logits if any(x != SKIPPED_CONF_LOGIT for x in row))
+
+
 def load_traces(paths: list[Path]) -> TraceData:
     confs, accepts, kvs, costs, drafts = [], [], [], [], []
     gamma, censored = None, 0
@@ -116,7 +132,7 @@ def load_traces(paths: list[Path]) -> TraceData:
                 elif width != gamma:
                     raise SystemExit(f"sim: {path}:{line_no}: conf width {width}, earlier traces had {gamma}")
                 costs.append((len(verify) + sum(verify), len(verify), sum(kv), float(step["verify_s"])))
-                drafts.append((len(verify), float(step.get("draft_s", 0.0))))
+                drafts.append((num_drafted(step), float(step.get("draft_s", 0.0))))
                 for r, (v, a) in enumerate(zip(verify, accept)):
                     if v < width and a >= v:
                         censored += 1  # everything verified was accepted: the true length is unknown
@@ -131,25 +147,38 @@ def load_traces(paths: list[Path]) -> TraceData:
 
 
 # ------------------------------------------------------------------------------------------------ cost models
+def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a step never gets faster with more tokens, requests or KV):
+    drop the most negative column and refit until none is negative (small active-set NNLS)."""
+    active = list(range(X.shape[1]))
+    beta = np.zeros(X.shape[1])
+    while active:
+        sub = np.linalg.lstsq(X[:, active], y, rcond=None)[0]
+        if (sub >= 0).all():
+            beta[active] = sub
+            break
+        active.pop(int(np.argmin(sub)))
+    return beta
+
+
 def fit_cost_model(samples: list[tuple[int, int, int, float]]) -> EngineCostModel:
-    """Verify-step cost from trace steps. Traces of one fixed:G alone have T = (G+1)*R, which cannot separate the
-    per-token from the per-request cost; then the per-request term is dropped (CPU verify time is ~ per token)."""
+    """Verify-step cost from trace steps: the robust fit, or a non-negative one where that goes negative (a
+    negative KV or request term extrapolates to zero step time at high concurrency). Traces of one fixed:G alone
+    have T = (G+1)*R and cannot separate the per-token from the per-request cost: the non-negative fit then keeps
+    one of them - record several fixed:G values (or pass --cost-model) to tell them apart."""
     arr = np.asarray(samples, dtype=float)
     if len(arr) < 4:
         raise SystemExit(f"sim: {len(arr)} trace steps are too few to fit a cost model; pass --cost-model")
     T, R, K, y = arr.T
-    X = np.stack([np.ones_like(T), T / 256, R / 64, K / 65536], axis=1)
+    X = np.stack([np.ones_like(T), T, R, K], axis=1) / COST_FEATURE_SCALE
     if np.linalg.matrix_rank(X) == 4:
-        return EngineCostModel().fit([tuple(s) for s in samples])
-    print("sim: warning: the traces do not vary tokens and requests independently (record several fixed:G or "
-          "pass --cost-model); fitting t = a + b*T + d*K without a per-request term", file=sys.stderr)
-    cols = [0, 1, 3] if np.linalg.matrix_rank(X[:, [0, 1, 3]]) == 3 else [0, 1]
-    beta = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
-    coef = [0.0, 0.0, 0.0, 0.0]
-    scale = [1.0, 256.0, 64.0, 65536.0]
-    for c, b in zip(cols, beta):
-        coef[c] = float(b / scale[c])
-    model = EngineCostModel(coef=tuple(coef))
+        model = EngineCostModel().fit([tuple(s) for s in samples])
+        if min(model.coef) >= 0:
+            return model
+    else:
+        print("sim: warning: the traces do not vary tokens, requests and KV independently (record several "
+              "fixed:G or pass --cost-model)", file=sys.stderr)
+    model = EngineCostModel(coef=tuple(nonnegative_lstsq(X, y) / COST_FEATURE_SCALE))
     model.num_fit_samples = len(arr)
     return model
 
@@ -168,10 +197,9 @@ class DraftCost:
             return cls()
         R, y = arr.T
         if len(np.unique(R)) >= 2:
-            d0, d1 = np.linalg.lstsq(np.stack([np.ones_like(R), R], 1), y, rcond=None)[0]
-            if d0 >= 0 and d1 >= 0:
-                return cls(float(d0), float(d1))
-        return cls(0.0, float(y.sum() / R.sum()))  # a measured per-request cost
+            d0, d1 = nonnegative_lstsq(np.stack([np.ones_like(R), R], 1), y)
+            return cls(float(d0), float(d1))
+        return cls(0.0, float(y.sum() / max(R.sum(), 1.0)))  # one batch size: a measured per-request cost
 
     def __call__(self, num_drafted: int) -> float:
         return self.d0 + self.d1 * num_drafted if num_drafted > 0 else 0.0
@@ -327,11 +355,13 @@ def print_validation(rows: list[dict]) -> None:
     if not rows:
         print("sim: --validate found no comparable serve rows (policy, temperature, concurrency)")
         return
-    print(f"{'policy':>14} {'c':>4} {'real tok/s':>11} {'sim tok/s':>10} {'rel err':>8} {'tau r/s':>13} {'verify r/s':>13}")
+    print(f"{'policy':>14} {'c':>4} {'real tok/s':>11} {'sim tok/s':>10} {'rel err':>8} {'tau real/sim':>13} "
+          f"{'verify real/sim':>16}")
     for r in rows:
         err = "–" if r["rel_err"] is None else f"{100 * r['rel_err']:+.1f}%"
+        tau, verify = _pair(r["real_tau"], r["sim_tau"]), _pair(r["real_mean_verify_len"], r["sim_mean_verify_len"])
         print(f"{r['policy']:>14} {r['concurrency']:>4} {r['real_tok_s']:>11.2f} {r['sim_tok_s']:>10.2f} {err:>8} "
-              f"{_pair(r['real_tau'], r['sim_tau']):>13} {_pair(r['real_mean_verify_len'], r['sim_mean_verify_len']):>13}")
+              f"{tau:>13} {verify:>16}")
     errs = [abs(r["rel_err"]) for r in rows if r["rel_err"] is not None]
     if errs:
         print(f"mean |relative error| of goodput: {100 * sum(errs) / len(errs):.1f}% over {len(errs)} points")

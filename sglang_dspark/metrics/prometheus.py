@@ -166,8 +166,9 @@ class DSparkMetrics:
         acceptance probabilities Float[R, gamma] the controller saw (None on a fallback step)."""
         verify, accept = list(stats.verify_lens), list(stats.accept_lens)
         rows = len(verify)
-        # exactly the per-request "drafted" values the worker emits into meta_info (draft skipping, fallbacks)
-        drafted_rows = sum(stats.customized_info(record_verify_lens=False)["dspark_drafted"])
+        # the per-request "drafted" flags the worker emits into meta_info: none on a fallback step, and draft
+        # skipping leaves some requests out (a StepStats without flags drafted for every row)
+        drafted_rows = 0 if stats.fallback else sum(getattr(stats, "drafted", None) or [1] * rows)
         verified, accepted = sum(verify), sum(accept)
         self._m("batch_steps").inc()
         self._m("verify_steps").inc(rows)

@@ -33,11 +33,19 @@ def summarize(meta_info: dict) -> dict | None:
     return record
 
 
-def replace_raw_lists(meta_info: dict) -> None:
-    """Swap the raw per-step lists in meta_info for the compact `dspark` record."""
-    record = summarize(meta_info)
-    if record is None:
-        return
+def accumulate(acc: dict, new_values: dict) -> None:
+    """Append one output's new per-step values ({key: [..]}) to a request's running lists."""
+    for key in (*RAW_KEYS, VERIFY_LENS_KEY):
+        if key in new_values:
+            # Entries are per output token: the step's value on its first token, None on the others.
+            acc.setdefault(key, []).extend(v for v in new_values[key] if v is not None)
+
+
+def replace_raw_lists(meta_info: dict, acc: dict) -> None:
+    """Swap the raw per-step lists in meta_info for the compact `dspark` record built from `acc` (the request's
+    complete lists: SGLang's own accumulation restarts per chunk when streaming)."""
     for key in (*RAW_KEYS, VERIFY_LENS_KEY):
         meta_info.pop(key, None)
-    meta_info["dspark"] = record
+    record = summarize(acc)
+    if record is not None:
+        meta_info["dspark"] = record

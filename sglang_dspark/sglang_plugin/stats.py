@@ -23,16 +23,17 @@ class StepStats:
         self.fallback = fallback
 
     def customized_info(self, record_verify_lens: bool) -> dict[str, list]:
-        """One value per request for this step; SGLang's tokenizer side appends them per request."""
+        """Per request, one entry per token this step commits: the step's value, then None (see api_hooks)."""
         drafted = [0] * self.batch_size if self.fallback else list(self.drafted)
-        info = {
+        per_step = {
             "dspark_drafted": drafted,
             "dspark_verified": list(self.verify_lens),
             "dspark_accepted": list(self.accept_lens),
         }
         if record_verify_lens:
-            info["dspark_verify_lens"] = list(self.verify_lens)
-        return info
+            per_step["dspark_verify_lens"] = list(self.verify_lens)
+        pads = [[None] * a for a in self.accept_lens]  # commit = accepted drafts + bonus
+        return {k: [[v] + pad for v, pad in zip(vals, pads)] for k, vals in per_step.items()}
 
 
 @dataclass

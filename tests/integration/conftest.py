@@ -153,7 +153,8 @@ class Server:
 
 def dspark_args(model: Path, drafter: Path, controller: str, *extra: str) -> list[str]:
     return ["--model-path", str(model), *COMMON_ARGS, "--speculative-algorithm", "DSPARK_EXT",
-            "--speculative-draft-model-path", str(drafter), "--dspark-controller", controller, *extra]
+            "--speculative-draft-model-path", str(drafter), "--dspark-controller", controller,
+            "--dspark-no-profile", *extra]  # no start-up cost profiling: it sends its own requests
 
 
 def plain_args(model: Path) -> list[str]:

@@ -76,4 +76,4 @@ def test_drafter_missing_tensor_is_refused(failed_starts):
 
 
 def test_bad_controller_spec_is_refused(failed_starts):
-    _check(failed_starts, "bad_controller", "unknown verify-length policy 'bogus:3'")
+    _check(failed_starts, "bad_controller", "policy 'bogus:3'", "expected one of")

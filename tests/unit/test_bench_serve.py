@@ -16,6 +16,7 @@ class FakeServer:
     def __init__(self, args, env=None, startup_timeout_s=0.0, **_):
         self.args, self.env = args, env or {}
         self.base_url = f"http://fake/{len(FakeServer.started)}"
+        self.log_path = None  # no worker log: wait_for_cost_model has nothing to wait for
 
     def start(self):
         FakeServer.started.append(self)
@@ -28,7 +29,7 @@ class FakeServer:
 
 def fake_load(calls):
     def run_load_sync(url, prompts, concurrency, max_tokens, temperature=0.0, progress=True, **_):
-        calls.append((url, len(prompts), concurrency, max_tokens, temperature))
+        calls.append((url, len(prompts), concurrency, max_tokens if progress else "warm-up", temperature))
         trace = os.environ.get("_FAKE_TRACE")
         if trace:  # what the DSPARK_EXT worker would append: 2 requests, verify 3 and 1, accept 2 and 0
             with open(trace, "a") as f:
@@ -128,3 +129,50 @@ def test_missing_drafter_is_a_clear_error(env, tmp_path):
     _, _, drafter = env
     with pytest.raises(SystemExit, match="drafter"):
         serve.run(args_for(tmp_path, tmp_path / "nope", "--policies", "dspark", "--concurrency", "1"))
+
+
+def _log(tmp_path, *lines):
+    path = tmp_path / "server.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_wait_for_cost_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(serve.time, "sleep", lambda s: None)
+    never = lambda: pytest.fail("must not drive load")  # noqa: E731
+    cached = _log(tmp_path, "[x] DSPARK_EXT cost model: /cache/abc.json (coef=[1, 2, 3, 4])")
+    assert serve.wait_for_cost_model(cached, 0.0, never, 60) == "/cache/abc.json"
+    assert serve.wait_for_cost_model(tmp_path / "missing.log", 0.0, never, 60) == "unknown"
+    assert serve.wait_for_cost_model(_log(tmp_path, "[x] DSPARK_EXT cost model: prior (coef=[])"), 0.0, never, 60,
+                                      profiling_allowed=False) == "prior"
+
+    # profiling pending, launcher load over: drive traffic until the worker logs the fit
+    log = _log(tmp_path, "[x] DSPARK_EXT cost model: prior (coef=[])")
+    drives = []
+
+    def drive():
+        drives.append(1)
+        if len(drives) == 3:
+            log.write_text(log.read_text() + "[y] DSPARK_EXT cost model profiled from 84 steps: coef=[]\n")
+
+    healthy_at = serve.time.time() - serve.LAUNCHER_PROFILE_LOAD_S - 1
+    assert serve.wait_for_cost_model(log, healthy_at, drive, 600) == "profiled"
+    assert len(drives) == 3
+    # never finishes: give up at the timeout instead of hanging
+    stuck = _log(tmp_path, "[x] DSPARK_EXT cost model: prior (coef=[])")
+    assert "unfinished" in serve.wait_for_cost_model(stuck, serve.time.time() - 700, lambda: None, 600)
+
+
+def test_url_mode_and_markdown(env, monkeypatch):
+    tmp_path, calls, drafter = env
+    sections = {}
+    monkeypatch.setattr(serve, "update_section", lambda name, body: sections.setdefault(name, body))
+    with pytest.raises(SystemExit, match="--url"):
+        serve.run(args_for(tmp_path, drafter, "--url", "http://x:1", "--policies", "none,dspark"))
+    args = args_for(tmp_path, drafter, "--url", "http://x:1/", "--policies", "dspark", "--concurrency", "2")
+    args.no_markdown = False
+    rows = serve.run(args)
+    assert FakeServer.started == [] and {c[0] for c in calls} == {"http://x:1"}
+    assert rows[0]["policy"] == "dspark" and rows[0]["tau"] is None  # no trace file given for that server
+    body = sections["serve"]
+    assert "python -m sglang_dspark.bench serve" in body and "| policy | concurrency | temperature |" in body

@@ -102,7 +102,7 @@ def test_validate_reports_relative_error(tmp_path, trace, capsys):
              {"policy": "fixed:1", "concurrency": 64, "temperature": 0.0, "aggregate_tok_s": 1.0},  # c > 16
              {"policy": "ngram", "concurrency": 4, "temperature": 0.0, "aggregate_tok_s": 1.0},  # not simulated
              {"policy": "dspark", "concurrency": 2, "temperature": 1.0, "aggregate_tok_s": 1.0},  # other T
-             {"policy": "dspark", "concurrency": 2, "temperature": 0.0, "aggregate_tok_s": 50.0}]  # not in --concurrency
+             {"policy": "dspark", "concurrency": 2, "temperature": 0.0, "aggregate_tok_s": 50.0}]  # c not simulated yet
     (tmp_path / "serve.json").write_text(json.dumps({"meta": {}, "rows": serve}))
     rows = sim.run(sim_args(tmp_path, trace, validate=str(tmp_path / "serve.json"), no_plots=True))
     val = json.loads((tmp_path / "sim.json").read_text())["validation"]
@@ -111,3 +111,27 @@ def test_validate_reports_relative_error(tmp_path, trace, capsys):
     assert val[0]["rel_err"] == pytest.approx((sim_fixed - 100.0) / 100.0, abs=1e-4)
     assert val[0]["real_tau"] == 1.5 and val[0]["sim_tau"] is not None
     assert "rel err" in capsys.readouterr().out
+
+
+def test_draft_count_honours_draft_skipping():
+    drafted = [[0.5, 0.2], [sim.SKIPPED_CONF_LOGIT] * 2, [1.0, sim.SKIPPED_CONF_LOGIT]]
+    assert sim.num_drafted({"verify_lens": [1, 0, 1], "conf_logits": drafted}) == 2
+    assert sim.num_drafted({"verify_lens": [1, 0, 1], "drafted": [1, 0, 0]}) == 1
+    assert sim.num_drafted({"verify_lens": [1, 0, 1]}) == 3
+
+
+def test_cost_fit_never_goes_negative():
+    gen = torch.Generator().manual_seed(3)
+    T = torch.randint(1, 200, (60,), generator=gen).tolist()
+    R = torch.randint(1, 32, (60,), generator=gen).tolist()
+    K = torch.randint(100, 20000, (60,), generator=gen).tolist()
+    # measured time falls with KV (noise in a short trace): a plain fit extrapolates to zero time at high load
+    samples = [(t, r, k, 0.05 + 0.001 * t - 2e-6 * k) for t, r, k in zip(T, R, K)]
+    model = sim.fit_cost_model(samples)
+    assert min(model.coef) >= 0
+    assert model.predict(256 * 8, 256, 256 * 2000) > 0.05
+    # one fixed:G trace: T = 5R exactly; still a usable non-negative model that fits the samples
+    line = [(5 * r, r, 300 * r, 0.01 + 0.002 * 5 * r) for r in range(1, 20)]
+    model = sim.fit_cost_model(line)
+    assert min(model.coef) >= 0
+    assert model.predict(50, 10, 3000) == pytest.approx(0.11, rel=1e-3)

@@ -63,7 +63,7 @@ def test_disabled_returns_none():
 
 def test_counters_equal_per_request_records_summed(metrics, registry):
     """Three requests (rid 0..2) over five steps, with draft skipping and a fallback step; the per-request records
-    are built exactly as the tokenizer side builds them, from the per-step customized_info."""
+    come from request_stats.summarize over each request's per-step values (what the worker emits per request)."""
     steps = [  # (rids in the batch, verify, accept, drafted, fallback)
         ([0, 1], [4, 2], [3, 2], [1, 1], None),
         ([0, 1], [0, 0], [0, 0], [1, 1], "nan"),
@@ -75,10 +75,11 @@ def test_counters_equal_per_request_records_summed(metrics, registry):
     for rids, verify, accept, drafted, fallback in steps:
         s = make_step(verify, accept, drafted, fallback)
         observe(metrics, s)
-        info = s.customized_info(record_verify_lens=False)
         for i, rid in enumerate(rids):
-            for key, vals in info.items():
-                per_request.setdefault(rid, {}).setdefault(key, []).append(vals[i])
+            lists = per_request.setdefault(rid, {"dspark_drafted": [], "dspark_verified": [], "dspark_accepted": []})
+            lists["dspark_drafted"].append(0 if fallback else drafted[i])
+            lists["dspark_verified"].append(verify[i])
+            lists["dspark_accepted"].append(accept[i])
     records = [summarize(meta) for meta in per_request.values()]
     total = {k: sum(r[k] for r in records) for k in ("verify_steps", "draft_steps", "verified", "accepted", "wasted")}
     assert total == {"verify_steps": 10, "draft_steps": 7, "verified": 20, "accepted": 13, "wasted": 7}
