@@ -8,7 +8,7 @@ from .oracle import OraclePolicy
 from .sps_topk import SpsTopKPolicy
 from .threshold import ThresholdPolicy
 
-SPECS = "fixed:<int>=0>, threshold:<float in [0,1]>, dspark, dspark-async, sps-topk, oracle"
+SPECS = "fixed:<int>=0>, threshold:<float in [0,1]>, dspark, dspark-async, sps-topk, oracle, random[:<int>]"
 NEEDS_COST_MODEL = {"dspark": DSparkPolicy, "dspark-async": DSparkAsyncPolicy, "oracle": OraclePolicy}
 
 
@@ -37,6 +37,8 @@ def make_policy(spec: str, cost_model=None, *, gamma: int) -> VerifyLengthPolicy
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"policy {spec!r}: threshold must be in [0, 1]")
         return ThresholdPolicy(gamma, value)
+    if name not in NEEDS_COST_MODEL and name != "sps-topk":
+        raise ValueError(f"unknown verify-length policy {spec!r}; expected one of {SPECS}")
     if sep:
         raise ValueError(f"policy {spec!r}: {name!r} takes no argument; expected one of {SPECS}")
     if name in NEEDS_COST_MODEL or name == "sps-topk":

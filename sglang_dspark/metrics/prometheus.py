@@ -20,6 +20,7 @@ predicted survival prod_{i<=p} c_i over the same verified request-steps.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Sequence
 
 PREFIX = "sglang:dspark_"
@@ -180,11 +181,10 @@ class DSparkMetrics:
         self._m("wasted_verify_tokens").inc(verified - accepted)
         if stats.fallback:
             self._m("fallbacks", reason=stats.fallback).inc()
-        accept_hist, verify_hist = self._m("accept_length"), self._m("verify_length")
-        for v, a in zip(verify, accept):
-            verify_hist.observe(v)
-            accept_hist.observe(a)
-        self._observe_positions(verify, accept, conf)
+        verify_counts, accept_counts = Counter(verify), Counter(accept)
+        _observe_counts(self._m("verify_length"), verify_counts)
+        _observe_counts(self._m("accept_length"), accept_counts)
+        self._observe_positions(verify, verify_counts, accept_counts, conf)
         self._m("batch_verify_tokens").observe(rows + verified)
         if not stats.fallback:
             self._m("draft_time_seconds").observe(stats.draft_s)
@@ -200,15 +200,11 @@ class DSparkMetrics:
             if ece is not None and math.isfinite(ece):  # nan = nothing verified at p since the last refit
                 self._m("calibration_ece", position=str(p + 1)).set(ece)
 
-    def _observe_positions(self, verify: list[int], accept: list[int], conf) -> None:
+    def _observe_positions(self, verify: list[int], verify_counts: Counter, accept_counts: Counter, conf) -> None:
         gamma = len(self._positions)
-        verified_at = [0] * gamma
-        accepted_at = [0] * gamma
-        for v, a in zip(verify, accept):
-            for p in range(min(v, gamma)):
-                verified_at[p] += 1
-            for p in range(min(a, gamma)):
-                accepted_at[p] += 1
+        # request-steps reaching position p (1-based) = those with a length >= p
+        verified_at = [sum(c for v, c in verify_counts.items() if v > p) for p in range(gamma)]
+        accepted_at = [sum(c for a, c in accept_counts.items() if a > p) for p in range(gamma)]
         predicted_at = [0.0] * gamma
         if conf is not None and gamma:
             surv = conf[:, :gamma].float().clamp(0.0, 1.0).cumprod(1).cpu()
@@ -226,6 +222,22 @@ class DSparkMetrics:
         """End-of-request tau, when the caller lives in the scheduler process (the tokenizer side uses
         on_request_meta_info instead; use one of the two, not both)."""
         _tokenizer_family(self.labels, self.registry)["request_mean_tau"].labels(**self.labels).observe(mean_tau)
+
+
+def _observe_counts(hist, counts: Counter) -> None:
+    """hist.observe(v) count times for each value v, in one update per distinct value (a decode step has up to
+    hundreds of rows but only gamma + 1 distinct lengths; each observe is a locked mmap write in multiprocess mode).
+    Uses the histogram child's bucket/sum values, with a plain observe loop if prometheus_client changes them."""
+    buckets, total, bounds = getattr(hist, "_buckets", None), getattr(hist, "_sum", None), getattr(
+        hist, "_upper_bounds", None)
+    if buckets is None or total is None or bounds is None:
+        for value, count in counts.items():
+            for _ in range(count):
+                hist.observe(value)
+        return
+    for value, count in counts.items():
+        total.inc(value * count)
+        buckets[next(i for i, bound in enumerate(bounds) if value <= bound)].inc(count)
 
 
 def _tokenizer_family(labels: dict[str, str], registry) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def render(dashboard: dict, base_url: str, out: Path, start: float, end: float, 
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"{dashboard['title']} — {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(end))}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -6,10 +6,13 @@ The extra top-level field is ignored by standard OpenAI clients (the `openai` pa
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 
 from sglang_dspark.metrics.prometheus import on_request_meta_info
 from sglang_dspark.metrics.request_stats import accumulate, replace_raw_lists
+
+logger = logging.getLogger(__name__)
 
 # Latest record per request id, for the streaming usage chunk (which SGLang builds without meta_info at hand).
 _LATEST: "OrderedDict[str, dict]" = OrderedDict()
@@ -72,13 +75,20 @@ async def around_stream(original, *args, **kwargs):
 
 
 def after_update_request_meta_info(result, self, meta_info, state, customized_info, index, *args, **kwargs):
+    try:
+        _update_meta_info(self, meta_info, state, customized_info, index, *args, **kwargs)
+    except Exception:  # statistics must never take the serving path down
+        logger.exception("DSPARK_EXT: per-request statistics failed for one output")
+    return result
+
+
+def _update_meta_info(self, meta_info, state, customized_info, index, *args, **kwargs):
     acc = state.__dict__.setdefault("_dspark_acc", {})
     accumulate(acc, {k: v[index] for k, v in customized_info.items()})
     replace_raw_lists(meta_info, acc)
     _remember(meta_info)
     # args = (state, customized_info, index, finish_reason): at the finish, observe the request's tau on /metrics
     on_request_meta_info(self, meta_info, args[0] if args else kwargs.get("finish_reason"))
-    return result
 
 
 def _records(ret) -> dict | list | None:

@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import generate  # the lead's stage (SGLang Engine); importing it is cheap, running it needs sglang
 
     generate.add_args(sub.add_parser("generate", help="regenerate assistant turns with the target (SGLang Engine)"))
+    from . import extra_text
+
+    extra_text.add_args(sub.add_parser("extra-text", help="training prompts as distillation text (no generation)"))
 
     c = sub.add_parser("capture", help="conversations JSONL -> target feature cache")
     c.add_argument("--target", required=True, help="HF target model directory")
@@ -82,8 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def extra_text_run(args):
+    from .extra_text import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
+    if args.stage == "extra-text":
+        return extra_text_run(args)
     if args.stage == "generate":
         from .generate import run
         return run(args)

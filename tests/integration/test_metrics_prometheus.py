@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "sglang-dspark.json"
 INJECTED_NAN_STEPS = 2
 SCRAPE_S = 1
+STREAMS = int(os.environ.get("DSPARK_METRICS_IT_STREAMS", "2"))  # streaming requests in the load
 MARKER = "zebraquartz"  # in every prompt; must never show up on /metrics
 COUNTERS = {  # /metrics counter -> key of the per-request record it sums
     "sglang:dspark_verify_steps_total": "verify_steps",
@@ -135,7 +136,7 @@ def generate(base_url: str, i: int, max_new_tokens: int) -> dict:
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": True,
               "temperature": 0.8 if sampled else 0.0, "top_p": 0.95 if sampled else 1.0}
     out = http_json(f"{base_url}/generate", {"text": f"{MARKER} request {i}: the cat sat on", "sampling_params": params})
-    return {"text": out["text"], "record": out["meta_info"].get("dspark")}
+    return {"text": out["text"], "record": out["meta_info"].get("dspark"), "n": max_new_tokens, "stream": False}
 
 
 def generate_stream(base_url: str, i: int, max_new_tokens: int) -> dict:
@@ -150,7 +151,7 @@ def generate_stream(base_url: str, i: int, max_new_tokens: int) -> dict:
             line = line.decode().strip()
             if line.startswith("data:") and line != "data: [DONE]":
                 last = json.loads(line[len("data:"):])
-    return {"text": last["text"], "record": last["meta_info"].get("dspark")}
+    return {"text": last["text"], "record": last["meta_info"].get("dspark"), "n": max_new_tokens, "stream": True}
 
 
 @pytest.fixture(scope="module")
@@ -158,12 +159,17 @@ def run(server, prometheus):
     """The load: one request alone (it takes the injected fallback steps), then 16 at concurrency 4, one of them
     finishing in prefill (no DSpark step, no record), and 2 streaming ones. Waits until Prometheus has scraped the
     final state."""
+    # start from a scraped baseline: Prometheus has seen our series (at zero) at least twice
+    deadline = time.time() + 60
+    while not prom_query(prometheus, "count_over_time(sglang:dspark_verify_steps_total[1m]) >= 2"):
+        assert time.time() < deadline, "Prometheus never scraped the server"
+        time.sleep(0.5)
     t0 = time.time()
     results = [generate(server.base_url, 0, 16)]
     with ThreadPoolExecutor(4) as pool:
         lens = [1 if i == 5 else 20 + (i % 3) * 8 for i in range(1, 17)]
         results += list(pool.map(lambda a: generate(server.base_url, *a), enumerate(lens, start=1)))
-        results += list(pool.map(lambda i: generate_stream(server.base_url, i, 24), range(2)))
+        results += list(pool.map(lambda i: generate_stream(server.base_url, i, 24), range(STREAMS)))
     load_end = time.time()
     metrics_text = urllib.request.urlopen(server.base_url + "/metrics", timeout=30).read().decode()
     time.sleep(3 * SCRAPE_S)  # let Prometheus scrape the final values
@@ -187,6 +193,9 @@ def test_counters_equal_request_records_summed(run, prometheus):
     assert len(records) == len(run["results"]) - 1  # the 1-token request finished in prefill: no DSpark step
     assert sum(r["accepted"] for r in records) > 0, "the matching drafter should get drafts accepted"
     assert sum(r["wasted"] for r in records) > 0, "noise=0.5 and fixed:4 should get some drafts rejected"
+    # a complete record commits at least max_new_tokens: 1 prefill token + (accepted + 1) per step
+    short = [r for r in run["results"] if r["record"] and 1 + r["record"]["accepted"] + r["record"]["verify_steps"] < r["n"]]
+    assert not short, f"incomplete per-request records: {short}"
     values = metric_values(run["metrics_text"])
     for name, key in COUNTERS.items():
         assert values[name] == sum(r[key] for r in records), name

@@ -192,3 +192,23 @@ def test_multiprocess_export(tmp_path):
     assert samples["sglang:dspark_running_requests"].value == 2
     assert samples["sglang:dspark_request_mean_tau_sum"].value == 2.0
     assert samples["sglang:dspark_request_mean_tau_sum"].labels == {"model_name": "m"}
+
+
+def test_observe_counts_equals_observe_loop():
+    from collections import Counter
+
+    from sglang_dspark.metrics.prometheus import LENGTH_BUCKETS, _observe_counts
+
+    values = [0, 0, 1, 3, 3, 3, 8, 9, 40]
+    fast_reg, slow_reg = prometheus_client.CollectorRegistry(), prometheus_client.CollectorRegistry()
+    fast = prometheus_client.Histogram("h", "h", buckets=LENGTH_BUCKETS, registry=fast_reg)
+    slow = prometheus_client.Histogram("h", "h", buckets=LENGTH_BUCKETS, registry=slow_reg)
+    _observe_counts(fast, Counter(values))
+    for v in values:
+        slow.observe(v)
+
+    def samples(reg):
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value) for m in reg.collect() for s in m.samples
+                      if not s.name.endswith("_created"))
+
+    assert samples(fast_reg) == samples(slow_reg)
