@@ -9,6 +9,7 @@ SUBCOMMANDS = {
     "baseline": "sglang_dspark.bench.baseline",
     "serve": "sglang_dspark.bench.serve",
     "sim": "sglang_dspark.bench.sim",
+    "draft_cost": "sglang_dspark.bench.draft_cost",
 }
 
 
