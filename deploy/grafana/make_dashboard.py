@@ -188,7 +188,8 @@ def build() -> dict:
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0, "options": [], "refresh": 1, "regex": ""},
             variable("instance", "Instance", "label_values(sglang:dspark_controller_info, instance)"),
-            variable("model", "Model", 'label_values(sglang:dspark_controller_info{instance=~"$instance"}, model_name)'),
+            variable("model", "Model",
+                     'label_values(sglang:dspark_controller_info{instance=~"$instance"}, model_name)'),
         ]},
         "panels": panels,
     }

@@ -6,7 +6,7 @@ a real Prometheus (loopback only, started here) scraping it, a short mixed load;
   - /metrics carries no prompt or completion text;
   - render_dashboard draws the panels into a PNG.
 Prometheus comes from scripts/install_prometheus.sh (apt); the test skips only if that cannot install it.
-Run: .venv/bin/pytest -q tests/integration/test_metrics_prometheus.py   (about 2-3 minutes on 2 cores)
+Run: .venv/bin/pytest -q tests/integration/test_metrics_prometheus.py   (about 1-3 minutes on 2 busy cores)
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def generate(base_url: str, i: int, max_new_tokens: int) -> dict:
     sampled = i % 2 == 1  # half greedy (prefix match), half sampled (rejection sampling)
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": True,
               "temperature": 0.8 if sampled else 0.0, "top_p": 0.95 if sampled else 1.0}
-    out = http_json(f"{base_url}/generate", {"text": f"{MARKER} request {i}: the cat sat on", "sampling_params": params})
+    body = {"text": f"{MARKER} request {i}: the cat sat on", "sampling_params": params}
+    out = http_json(f"{base_url}/generate", body)
     return {"text": out["text"], "record": out["meta_info"].get("dspark"), "n": max_new_tokens, "stream": False}
 
 
@@ -195,7 +196,8 @@ def test_counters_equal_request_records_summed(run, prometheus):
     assert sum(r["accepted"] for r in records) > 0, "the matching drafter should get drafts accepted"
     assert sum(r["wasted"] for r in records) > 0, "noise=0.5 and fixed:4 should get some drafts rejected"
     # a complete record commits at least max_new_tokens: 1 prefill token + (accepted + 1) per step
-    short = [r for r in run["results"] if r["record"] and 1 + r["record"]["accepted"] + r["record"]["verify_steps"] < r["n"]]
+    short = [r for r in run["results"]
+             if r["record"] and 1 + r["record"]["accepted"] + r["record"]["verify_steps"] < r["n"]]
     assert not short, f"incomplete per-request records: {short}"
     values = metric_values(run["metrics_text"])
     for name, key in COUNTERS.items():

@@ -21,7 +21,8 @@ SGLANG_METRICS = {"sglang:generation_tokens_total", "sglang:request_time_per_out
                   "sglang:request_time_per_output_token_seconds_sum"}
 METRIC_RE = re.compile(r"\b(sglang:[a-zA-Z0-9_:]+)")
 REQUIRED_PANEL_TITLES = ["Tau", "Acceptance rate by draft position", "Verify budget per request vs running requests",
-                         "Wasted verify tokens/s", "Aggregate vs per-user tokens/s", "Calibration: predicted vs realised",
+                         "Wasted verify tokens/s", "Aggregate vs per-user tokens/s",
+                         "Calibration: predicted vs realised",
                          "Cost model", "Fallbacks"]
 
 
