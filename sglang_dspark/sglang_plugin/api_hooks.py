@@ -41,9 +41,7 @@ def _inject_into_usage_chunk(chunk: str) -> str:
     if data.get("choices") or not data.get("usage"):
         return chunk
     record = _LATEST.pop(data.get("id"), None)
-    if not record or not record.get("verify_steps"):
-        # Known gap: SGLang slices per-step info by token offsets when streaming and our per-step values can
-        # get lost there; an empty record would read as "no speculation", so send none.
+    if not record:
         return chunk
     data["dspark"] = record
     return "data: " + json.dumps(data) + "\n\n"
@@ -51,8 +49,8 @@ def _inject_into_usage_chunk(chunk: str) -> str:
 
 def around_collect_customized_info(original, self, i, req, logits_output, *args, **kwargs):
     """SGLang slices customized_info per output TOKEN when streaming; ours is per step. The worker emits, per
-    request, [value, None, ...] with one entry per token the step commits, and here we extend instead of append,
-    so token-offset slicing hands every step value to exactly one streamed chunk."""
+    request, one entry per token the step commits ([value, None, ...]; prefill: [None]), and here we extend instead
+    of append, so entries stay aligned with tokens and every step value reaches exactly one streamed chunk."""
     info = getattr(logits_output, "customized_info", None) if logits_output is not None else None
     ours = {k: v for k, v in (info or {}).items() if k.startswith(DSPARK_PREFIX)}
     if not ours:

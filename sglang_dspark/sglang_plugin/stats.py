@@ -35,6 +35,15 @@ class StepStats:
         pads = [[None] * a for a in self.accept_lens]  # commit = accepted drafts + bonus
         return {k: [[v] + pad for v, pad in zip(vals, pads)] for k, vals in per_step.items()}
 
+    @staticmethod
+    def prefill_customized_info(batch_size: int, record_verify_lens: bool) -> dict[str, list]:
+        """One empty entry for the token prefill samples, so entries stay aligned with output tokens (SGLang
+        slices them by token offset when streaming)."""
+        keys = ["dspark_drafted", "dspark_verified", "dspark_accepted"]
+        if record_verify_lens:
+            keys.append("dspark_verify_lens")
+        return {k: [[None] for _ in range(batch_size)] for k in keys}
+
 
 @dataclass
 class WorkerCounters:

@@ -126,6 +126,8 @@ class DSparkExtWorker(BaseSpecWorker):
         out.hidden_states = None
         out.last_hidden_states = None
         bs = len(batch.reqs)
+        if out.customized_info is None:
+            out.customized_info = StepStats.prefill_customized_info(bs, self.options.record_verify_lens)
         return GenerationBatchResult(
             logits_output=out, next_token_ids=res.next_token_ids,
             accept_lens=torch.ones(bs, dtype=torch.int32), new_seq_lens=batch.seq_lens,

@@ -1,7 +1,7 @@
 """DSpark metrics end to end: a real SGLang server (CPU, tiny bigram target + matching drafter, --enable-metrics),
 a real Prometheus (loopback only, started here) scraping it, a short mixed load; then
   - /metrics counters equal the per-request `dspark` records summed (exactly), and Prometheus has the same values
-    (streamed requests separately: a known gap in their records, marked xfail);
+    (streamed requests separately);
   - EVERY PromQL expression of deploy/grafana/dashboards/sglang-dspark.json returns data through Prometheus's API;
   - /metrics carries no prompt or completion text;
   - render_dashboard draws the panels into a PNG.
@@ -218,9 +218,6 @@ def test_counters_equal_request_records_summed(run, prometheus):
         assert got and float(got[0]["value"][1]) == final[name], name
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (sglang_plugin/api_hooks.py): SGLang slices customized_info by "
-                                       "token offsets when streaming and per-step values get lost, so a streamed "
-                                       "request's dspark record is incomplete; remove this mark once it is fixed")
 def test_streaming_counters_equal_request_records_summed(run):
     """The streamed requests ran alone after the rest: the counters' delta over them equals their records."""
     assert run["streams"]
