@@ -10,6 +10,7 @@ SUBCOMMANDS = {
     "serve": "sglang_dspark.bench.serve",
     "sim": "sglang_dspark.bench.sim",
     "draft_cost": "sglang_dspark.bench.draft_cost",
+    "acceptance_report": "sglang_dspark.bench.acceptance_report",
 }
 
 

@@ -19,13 +19,7 @@ from sglang_dspark.control.dspark_async import top_k_lengths
 from sglang_dspark.verify import accept_rejection
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small tensors on a shared 2-core box: OpenMP hand-offs cost more than they save (4-10x slower under load)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py: one torch thread for tiny tensors
 
 
 def _ctx(num_requests, kv=100, **kw):

@@ -8,13 +8,7 @@ from sglang_dspark.drafter import (DSparkConfig, DSparkDraftModel, StsFileError,
 from sglang_dspark.drafter.sts import survival_ece
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny tensors: intra-op threading only adds pool wake-ups (ms per softmax on this shared 2-core box).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py: one torch thread for tiny tensors
 
 V, D, M = 64, 32, 2  # vocab, hidden, captured target layers
 

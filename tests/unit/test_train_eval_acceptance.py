@@ -14,13 +14,7 @@ from sglang_dspark.train.target import HFTarget, read_target_config
 from sglang_dspark.train.tiny import make_tiny_prompts, make_tiny_target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny tensors: intra-op threading only adds pool wake-ups (ms per softmax on this shared 2-core box).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py: one torch thread for tiny tensors
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,7 @@ import torch
 from sglang_dspark.verify import accept_rejection
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small tensors on a shared 2-core box: OpenMP hand-offs cost more than they save (4-10x slower under load)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py: one torch thread for tiny tensors
 
 
 V = 5  # tiny vocabulary so the joint law of 3-token continuations (125 cells) is exact and enumerable

@@ -1,0 +1,57 @@
+"""`python -m sglang_dspark.bench acceptance_report`: the tau table (DSpark vs DFlash ablation, per dataset, T=0 and
+T=1) and the per-position acceptance plot, from the eval_acceptance JSON files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_section
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default=str(RESULTS_DIR))
+    p.add_argument("--temperatures", nargs="+", default=["0", "1"])
+
+
+def run(args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, curves = [], {}
+    for T in args.temperatures:
+        for name in ("dspark", "dflash"):
+            path = f"{args.results}/acceptance_{name}_T{T}.json"
+            try:
+                with open(path) as f:
+                    r = json.load(f)
+            except FileNotFoundError:
+                continue
+            row = {"drafter": name, "T": T, "tau (all)": r["tau"]}
+            row.update({f"tau {k}": v for k, v in r["tau_by_dataset"].items()})
+            row.update({"ece_raw": r.get("ece_raw"), "ece_sts": r.get("ece_sts"), "auc": r.get("auc")})
+            rows.append(row)
+            curves[(name, T)] = r["cond_accept_by_position"]
+    if not rows:
+        raise SystemExit("no acceptance_*.json found")
+    fig, axes = plt.subplots(1, len(args.temperatures), figsize=(5 * len(args.temperatures), 3.5), squeeze=False)
+    for ax, T in zip(axes[0], args.temperatures):
+        for name, style in (("dspark", "o-"), ("dflash", "s--")):
+            if (name, T) in curves:
+                c = curves[(name, T)]
+                ax.plot(range(1, len(c) + 1), c, style, label=name)
+        ax.set_title(f"conditional acceptance by position, T={T}")
+        ax.set_xlabel("draft position")
+        ax.set_ylim(0, 1)
+        ax.legend()
+    fig.tight_layout()
+    png = f"{args.results}/acceptance_by_position.png"
+    fig.savefig(png, dpi=120)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    update_section("acceptance", "Command: `bash benchmarks/ship_drafter.sh RUN/step_N ABLATION/step_N` then "
+                   "`python -m sglang_dspark.bench acceptance_report`. Per-position plot: "
+                   "`benchmarks/results/acceptance_by_position.png`; reliability diagrams: "
+                   "`benchmarks/results/plots_dspark_T*/reliability.png`.\n\n" + markdown_table(rows, cols))
+    print(markdown_table(rows, cols))
