@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> None:
     for ax, T in zip(axes[0], args.temperatures):
         for name, style in (("dspark", "o-"), ("dflash", "s--")):
             if (name, T) in curves:
-                c = curves[(name, T)]
+                c = [float("nan") if x is None else x for x in curves[(name, T)]]  # never-reached positions
                 ax.plot(range(1, len(c) + 1), c, style, label=name)
         ax.set_title(f"conditional acceptance by position, T={T}")
         ax.set_xlabel("draft position")
