@@ -14,7 +14,7 @@ VERIFY_LENS_KEY = "dspark_verify_lens"
 def summarize(meta_info: dict) -> dict | None:
     """meta_info with the accumulated per-step lists -> the record (None when DSpark did not run)."""
     verified = meta_info.get("dspark_verified")
-    if verified is None:
+    if not verified:  # no decode step yet (or the request finished at prefill)
         return None
     accepted = meta_info.get("dspark_accepted") or []
     drafted = meta_info.get("dspark_drafted") or []
