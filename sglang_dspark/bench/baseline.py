@@ -45,12 +45,14 @@ def run(args: argparse.Namespace) -> list[dict]:
             measure(srv.base_url)
 
     meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {_cpu_count()} cores",
-            "max_tokens": args.max_tokens, "command": "python -m sglang_dspark.bench baseline"}
+            "max_tokens": args.max_tokens,
+            "command": f"python -m sglang_dspark.bench baseline --max-tokens {args.max_tokens} "
+                       f"--concurrency {' '.join(map(str, args.concurrency))}"}
     path = write_json(args.out, {"meta": meta, "rows": rows})
     _plot(rows, RESULTS_DIR / args.out.replace(".json", ".png"))
     if not args.no_markdown:
         single = next((r for r in rows if r["concurrency"] == 1), None)
-        body = (f"Command: `python -m sglang_dspark.bench baseline` ({meta['date']}, {meta['machine']}, "
+        body = (f"Command: `{meta['command']}` ({meta['date']}, {meta['machine']}, "
                 f"embedded Qwen2.5-Coder-0.5B-Instruct bf16, T=0, {args.max_tokens} output tokens, "
                 f"eval prompts gsm8k/humaneval/mt-bench). JSON: `{path.relative_to(path.parents[2])}`.\n\n"
                 + markdown_table(rows, ["concurrency", "num_requests", "aggregate_tok_s", "per_user_tok_s_median",
