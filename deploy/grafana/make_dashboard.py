@@ -2,7 +2,7 @@
 
     python deploy/grafana/make_dashboard.py          # regenerate after editing a panel
 The JSON is committed; tests/unit/test_dashboard.py checks it matches this script and is structurally valid, and
-tests/integration/test_metrics_prometheus.py evaluates every expression against a live server through Prometheus.
+tests/integration/test_prometheus_scrape.py evaluates every expression against a live server through Prometheus.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from sglang_dspark.metrics.prometheus import metric_names
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "sglang-dspark.json"
-# SGLang's own series the dashboard uses (checked live by tests/integration/test_metrics_prometheus.py)
+# SGLang's own series the dashboard uses (checked live by tests/integration/test_prometheus_scrape.py)
 SGLANG_METRICS = {"sglang:generation_tokens_total", "sglang:request_time_per_output_token_seconds_count",
                   "sglang:request_time_per_output_token_seconds_sum"}
 METRIC_RE = re.compile(r"\b(sglang:[a-zA-Z0-9_:]+)")

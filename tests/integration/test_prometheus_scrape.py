@@ -6,7 +6,7 @@ a real Prometheus (loopback only, started here) scraping it, a short mixed load;
   - /metrics carries no prompt or completion text;
   - render_dashboard draws the panels into a PNG.
 Prometheus comes from scripts/install_prometheus.sh (apt); the test skips only if that cannot install it.
-Run: .venv/bin/pytest -q tests/integration/test_metrics_prometheus.py   (about 1-3 minutes on 2 busy cores)
+Run: .venv/bin/pytest -q tests/integration/test_prometheus_scrape.py   (about 1-3 minutes on 2 busy cores)
 """
 
 from __future__ import annotations
