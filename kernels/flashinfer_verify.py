@@ -193,8 +193,7 @@ def ragged_verify_attention_triton(
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(hd)
     block_m = 16
     block_d = max(16, triton.next_power_of_2(hd))
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    block_n = 16 if interpreting else 64
+    block_n = 16 if os.environ.get("TRITON_INTERPRET") == "1" else 64
     grid = (R, H, triton.cdiv(max_qo_len, block_m))
     _ragged_verify_attn_kernel[grid](
         q_packed, q_packed.stride(0), q_packed.stride(1),
@@ -204,7 +203,7 @@ def ragged_verify_attention_triton(
         scale,
         GROUP=H // k_flat.shape[1], PAGE_SIZE=page_size, HEAD_DIM=hd,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        FP32_DOT=q_packed.dtype == torch.float32 or interpreting,
+        FP32_DOT=q_packed.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1",
         num_warps=4,
     )
     return out

@@ -1,7 +1,19 @@
 """Fixtures shared by every test folder."""
 
+import os
+
 import pytest
 import torch
+
+# Triton picks interpreter vs compiled for each kernel when kernels/ is first imported. On a CPU-only machine the
+# kernel tests need the interpreter, and in a whole-suite run other modules (SGLang's, imported while collecting)
+# must not touch Triton before our kernels are decorated, so decide here, before any test module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import kernels  # noqa: F401
+    except ImportError:  # triton missing: the kernel tests skip with the reason
+        pass
 
 
 @pytest.fixture(scope="module")
