@@ -221,12 +221,44 @@ def run_verify(args, results):
     results["ragged_verify"] = entry
 
 
+# ------------------------------------------------------------------------ 8B-class verify step (denominator)
+
+
+def run_verify_step_proxy(args, results):
+    """Lower bound on one verify forward of a Qwen3-8B-shaped target over R*(1+G) tokens: its GEMMs only
+    (36 layers of qkv / o / gate_up / down + lm_head, one layer's weights reused), no attention, no norms.
+    Dividing the Markov sampler's time by this overstates the sampler's share, so the ratio is conservative."""
+    R, G = _shape("markov", args.quick)[:2]
+    T, d, kv, ff, V, L = R * (1 + G), 4096, 1024, 12288, 151936, 36
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    w = {n: (torch.randn(o, i, device=DEVICE, generator=gen) * 0.02).bfloat16()
+         for n, (o, i) in dict(qkv=(d + 2 * kv, d), o=(d, d), gate_up=(2 * ff, d), down=(d, ff), head=(V, d)).items()}
+    x = torch.randn(T, d, device=DEVICE, generator=gen).bfloat16()
+
+    def step():
+        h = x
+        for _ in range(L):
+            h = h + (h @ w["qkv"].T)[:, :d] @ w["o"].T
+            gu = h @ w["gate_up"].T
+            h = h + (torch.nn.functional.silu(gu[:, :ff]) * gu[:, ff:]) @ w["down"].T
+        return h @ w["head"].T
+
+    ms = bench_ms(step, max(5, args.iters // 2))
+    entry = dict(shape=dict(tokens=T, layers=L, hidden=d, ffn=ff, vocab=V), ms_gemm_only=ms)
+    mk = results.get("markov_sampler")
+    if mk:
+        share = mk["ms_triton_with_logits"] / ms
+        entry.update(markov_share_of_verify=share, target="markov sampler <= 2% of an 8B verify step",
+                     ok=bool(share <= 0.02))
+    results["verify_step_8b_proxy"] = entry
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "kernels.json"))
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="smaller shapes (smoke test)")
-    parser.add_argument("--only", choices=["markov", "accept", "verify"], action="append")
+    parser.add_argument("--only", choices=["markov", "accept", "verify", "verify8b"], action="append")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py: no CUDA device; nothing to measure (kernels are tested on CPU by "
@@ -242,7 +274,8 @@ def main() -> int:
 
     results["triton"] = triton.__version__
     started = time.perf_counter()
-    for name, fn in (("markov", run_markov), ("accept", run_accept), ("verify", run_verify)):
+    for name, fn in (("markov", run_markov), ("accept", run_accept), ("verify", run_verify),
+                     ("verify8b", run_verify_step_proxy)):
         if args.only and name not in args.only:
             continue
         t0 = time.perf_counter()
@@ -255,11 +288,11 @@ def main() -> int:
     results["wall_s"] = time.perf_counter() - started
 
     print(f"\n{'kernel':<16} {'metric':<32} {'value':>14}")
-    for kernel in ("markov_sampler", "ragged_accept", "ragged_verify"):
+    for kernel in ("markov_sampler", "ragged_accept", "ragged_verify", "verify_step_8b_proxy"):
         for key, value in _flatten(results.get(kernel, {})):
             shown = f"{value:.4g}" if isinstance(value, float) else str(value)
             print(f"{kernel:<16} {key:<32} {shown:>14}")
-    for key in ("markov_error", "accept_error", "verify_error"):
+    for key in ("markov_error", "accept_error", "verify_error", "verify8b_error"):
         if key in results:
             print(f"ERROR {key}: {results[key]}")
     out = Path(args.out)
