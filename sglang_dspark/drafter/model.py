@@ -130,9 +130,10 @@ class MarkovHead(nn.Module):
         if self.head_type == "rnn":
             self.joint_proj = nn.Linear(2 * r + d, 3 * r, bias=True)
 
-    def step(self, h: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None = None):
+    def step(self, h: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None = None,
+             vocab: torch.Tensor | None = None):
         """One position: h [..., d] (final-normed), prev [...] token ids, rnn state [..., r] or None (= zeros).
-        Returns (logit correction [..., V], new state or None)."""
+        Returns (logit correction [..., V] (or [..., len(vocab)] for a vocabulary subset), new state or None)."""
         e = self.markov_w1(prev).to(h.dtype)
         if self.head_type == "vanilla":
             z = e
@@ -145,15 +146,16 @@ class MarkovHead(nn.Module):
             g = torch.sigmoid(a_g)
             state = g * state + (1 - g) * torch.tanh(a_c)
             z = torch.tanh(a_o)
-        return self.markov_w2(z), state
+        w2 = self.markov_w2.weight if vocab is None else self.markov_w2.weight[vocab]
+        return F.linear(z, w2), state
 
-    def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """Whole blocks at once: h [..., B, d], prev [..., B] -> correction [..., B, V]."""
+    def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Whole blocks at once: h [..., B, d], prev [..., B] -> correction [..., B, V] (or [..., B, len(vocab)])."""
         if self.head_type != "rnn":
-            return self.step(h, prev)[0]
+            return self.step(h, prev, vocab=vocab)[0]
         state, outs = None, []
         for k in range(h.shape[-2]):
-            corr, state = self.step(h[..., k, :], prev[..., k], state)
+            corr, state = self.step(h[..., k, :], prev[..., k], state, vocab=vocab)
             outs.append(corr)
         return torch.stack(outs, dim=-2)
 
@@ -294,8 +296,11 @@ class DSparkDraftModel(nn.Module):
         return self.propose(anchor, anchor_pos, k, v, ctx_valid, temperature, generator)
 
     # ------------------------------------------------------------------ training
-    def forward_train(self, input_ids, target_hidden, loss_mask, anchors, keep):
+    def forward_train(self, input_ids, target_hidden, loss_mask, anchors, keep, vocab: torch.Tensor | None = None):
         """Teacher-forced blocks at N anchors per sequence (reference §4.4).
+
+        `vocab` (sorted token ids) restricts the logits to those columns: training-time sampled vocabulary (the
+        frozen lm_head is 152k rows; its matmul and softmax dominate a CPU training step).
 
         input_ids [b, S], target_hidden [b, S, m*d], loss_mask [b, S], anchors/keep [b, N] (see sample_anchors).
         Returns draft_logits [b, N, B, V] fp32 (Markov-corrected), conf_logits [b, N, B] fp32,
@@ -322,9 +327,10 @@ class DSparkDraftModel(nn.Module):
 
         labels, eval_mask = block_labels(input_ids, loss_mask, anchors, keep, B)
         prev = torch.cat([anchor_ids[..., None], labels[..., :-1]], dim=-1)  # teacher forcing
-        logits = self.lm_head(h).float()
+        head = self.lm_head.weight if vocab is None else self.lm_head.weight[vocab]
+        logits = F.linear(h, head).float()
         if self.markov_head is not None:
-            logits = logits + self.markov_head.teacher_forced(h, prev).float()
+            logits = logits + self.markov_head.teacher_forced(h, prev, vocab).float()
         return logits, self.confidence_logits(h, prev), labels, eval_mask
 
 

@@ -26,6 +26,7 @@ class DSparkOptions:
     cost_model_path: str | None = None
     profile_cost_model: bool = True
     draft_skip: bool = True
+    plain_decode_fast_path: bool = True  # a step verifying nothing anywhere runs SGLang's plain decode forward
     record_verify_lens: bool = False  # opt-in per-step verify lengths in meta_info
     draft_dtype: str | None = None  # None: same as the target
 
@@ -70,6 +71,8 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                    help="Do not profile the engine cost model at start (use a cached or default one).")
     g.add_argument("--dspark-no-draft-skip", dest="dspark_draft_skip", action="store_false",
                    help="Always draft, even when the controller expects to verify nothing.")
+    g.add_argument("--dspark-no-fast-path", dest="dspark_plain_decode_fast_path", action="store_false",
+                   help="Run steps that verify nothing through the ragged verify path too (for A/B measurements).")
     g.add_argument("--dspark-record-verify-lens", action="store_true",
                    help="Return the per-step verify lengths of each request in meta_info.")
 

@@ -16,6 +16,7 @@ class StepStats:
     verify_lens: list[int] = field(default_factory=list)
     accept_lens: list[int] = field(default_factory=list)
     fallback: str | None = None
+    plain_decode: bool = False  # the step ran as SGLang's plain decode (nothing verified anywhere)
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()
@@ -52,11 +53,13 @@ class WorkerCounters:
     verified: int = 0
     accepted: int = 0
     requests_finished: int = 0
+    plain_decode_steps: int = 0
     last_step_s: float | None = None
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
         self.fallbacks += s.fallback is not None
+        self.plain_decode_steps += s.plain_decode
         self.verified += sum(s.verify_lens)
         self.accepted += sum(s.accept_lens)
         self.last_step_s = s.draft_s + s.verify_s

@@ -44,3 +44,25 @@ def rewrite_as_verify_extend(batch, req_to_token: torch.Tensor, anchors: torch.T
     batch.return_logprob = False
     batch.spec_info = None
     return slots, positions, rows
+
+
+def rewrite_as_plain_decode(batch, req_to_token: torch.Tensor, anchors: torch.Tensor, committed_lens: torch.Tensor):
+    """The whole batch verifies nothing this step: one ordinary DECODE forward over the anchors.
+
+    Same KV slot as a 1-token chain (position = committed length), but SGLang's own decode path: its attention
+    kernel, its last-row logits and its sampler, so a skipped step costs what a step without speculation costs and
+    is numerically the step no-speculation would take. Returns (slots [bs], positions [bs])."""
+    device = anchors.device
+    committed = committed_lens.to(torch.int64)
+    pool_idx = batch.req_pool_indices.to(req_to_token.device)
+    slots = req_to_token[pool_idx, committed.to(req_to_token.device)].to(torch.int64)
+    new_lens = (committed + 1).tolist()
+    batch.forward_mode = ForwardMode.DECODE
+    batch.input_ids = anchors.to(torch.int64)
+    batch.out_cache_loc = slots
+    batch.seq_lens = torch.tensor(new_lens, dtype=torch.int64, device=batch.seq_lens.device)
+    batch.seq_lens_cpu = torch.tensor(new_lens, dtype=torch.int64)
+    batch.seq_lens_sum = sum(new_lens)
+    batch.return_logprob = False
+    batch.spec_info = None
+    return slots, committed.to(device)

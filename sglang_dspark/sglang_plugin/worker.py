@@ -33,7 +33,7 @@ from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
-from sglang_dspark.sglang_plugin.verify_batch import rewrite_as_verify_extend
+from sglang_dspark.sglang_plugin.verify_batch import rewrite_as_plain_decode, rewrite_as_verify_extend
 from sglang_dspark.verify import accept_greedy, accept_rejection
 from sglang_dspark.verify.target_dist import process_logits, target_probs
 
@@ -213,6 +213,10 @@ class DSparkExtWorker(BaseSpecWorker):
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
 
+        if self.options.plain_decode_fast_path and int(verify_lens.sum()) == 0:
+            return self._plain_decode(batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits,
+                                      None if fallback else conf)
+
         t0 = time.perf_counter()
         r2t = self.req_to_token_pool.req_to_token
         slots, positions, rows = rewrite_as_verify_extend(batch, r2t, anchors, drafts, verify_lens.to(self.device),
@@ -263,6 +267,45 @@ class DSparkExtWorker(BaseSpecWorker):
             next_draft_input=DSparkDraftState(bonus.to(self.device), state.zero_streak if fallback else
                                              _next_streak(state.zero_streak, verify_lens)),
             speculative_num_draft_tokens=self.stride, can_run_cuda_graph=False,
+        )
+
+    def _plain_decode(self, batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits, conf):
+        """Nothing to verify anywhere in the batch: SGLang's plain decode step, plus the drafter's context capture."""
+        t0 = time.perf_counter()
+        bs = len(anchors)
+        slots, positions = rewrite_as_plain_decode(batch, self.req_to_token_pool.req_to_token, anchors, committed)
+        res = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        self.context_pool.write(slots, positions, self._features(res.logits_output))
+        tokens = res.next_token_ids.to(torch.int64)
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize()
+        stats.verify_s = time.perf_counter() - t0
+        self.costs.record(bs, bs, int(committed.sum()), stats.verify_s)
+        accept_lens = torch.zeros(bs, dtype=torch.int64)
+        stats.finish(verify_lens, accept_lens, fallback)
+        stats.plain_decode = True
+        self.counters.add(stats)
+        if self.metrics is not None:
+            self._observe_metrics(stats, committed, conf)
+        if fallback is None:
+            # l = 0 everywhere teaches the calibration nothing, but the policy learns the step time
+            self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
+                                            step_time_s=stats.verify_s, kv_lens=committed))
+        if self.trace is not None and fallback is None and conf_logits is not None:
+            self.trace.write(committed, conf, conf_logits, verify_lens, accept_lens, stats)
+        self.step_index += 1
+        next_tokens = torch.zeros(bs, self.stride, dtype=torch.int64, device=self.device)
+        next_tokens[:, 0] = tokens.to(self.device)
+        one = torch.ones(bs, dtype=torch.int32, device=self.device)
+        return GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
+                record_verify_lens=self.options.record_verify_lens)),
+            next_token_ids=next_tokens.flatten(), accept_lens=one,
+            cap_lens=torch.zeros(bs, dtype=torch.int32, device=self.device),
+            new_seq_lens=(committed + 1).to(self.device),
+            next_draft_input=DSparkDraftState(tokens.to(self.device), state.zero_streak if fallback else
+                                             _next_streak(state.zero_streak, verify_lens)),
+            speculative_num_draft_tokens=self.stride, can_run_cuda_graph=res.can_run_cuda_graph,
         )
 
     def _observe_metrics(self, stats: StepStats, committed: torch.Tensor, conf) -> None:

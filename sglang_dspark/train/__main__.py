@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--conf-weight", type=float, default=1.0)
     f.add_argument("--gamma", type=float, default=4.0, help="loss decay exp(-k/gamma)")
     f.add_argument("--max-length", type=int, default=4096)
+    f.add_argument("--vocab-sample-top-k", type=int, default=0,
+                   help="sampled vocabulary: logits only over each position's target top-k + labels + negatives "
+                        "(0 = full vocabulary)")
+    f.add_argument("--vocab-sample-negatives", type=int, default=4096, help="random token ids per sampled step")
     f.add_argument("--holdout-fraction", type=float, default=0.02)
     f.add_argument("--save-every", type=int, default=500)
     f.add_argument("--keep-checkpoints", type=int, default=3)

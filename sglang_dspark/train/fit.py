@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, sample_anchors, save_drafter
 from .cache import CacheReader
-from .losses import dspark_losses, loss_weights, target_block_logits
+from .losses import candidate_vocab, dspark_losses, loss_weights, target_block_logits
 from .target import load_target_shared_weights, read_target_config
 
 SHARED = ("embed_tokens.weight", "lm_head.weight")
@@ -151,19 +151,24 @@ def run_fit(args) -> dict:
             anchors, keep = sample_anchors(lm, config.num_anchors,
                                            torch.Generator().manual_seed(args.seed * 1_000_003 + m))
             _, emask = block_labels(ids, lm, anchors, keep, B)
-            micro.append((s, ids, lm, anchors, keep, loss_weights(emask, args.gamma).sum()))
+            micro.append((m, s, ids, lm, anchors, keep, loss_weights(emask, args.gamma).sum()))
         denom = torch.stack([w for *_, w in micro]).sum().clamp_min(1e-6)
         optimizer.zero_grad(set_to_none=True)
         agg: dict[str, float] = {}
-        for s, ids, lm, anchors, keep, _ in micro:
+        for m, s, ids, lm, anchors, keep, _ in micro:
             hidden = s["hidden"][: args.max_length][None].to(device, torch.float32)
             last = s["last_hidden"][: args.max_length][None].to(device, torch.float32)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                logits, conf, labels, emask = model.forward_train(ids, hidden, lm, anchors, keep)
                 tlogits = target_block_logits(model.lm_head, last, anchors, B)
+                vocab = None
+                if args.vocab_sample_top_k > 0:
+                    vocab = candidate_vocab(tlogits, block_labels(ids, lm, anchors, keep, B)[0],
+                                            args.vocab_sample_top_k, args.vocab_sample_negatives,
+                                            torch.Generator().manual_seed(args.seed * 7_919 + m))
+                logits, conf, labels, emask = model.forward_train(ids, hidden, lm, anchors, keep, vocab)
             loss, stats = dspark_losses(logits, tlogits, conf, labels, emask, args.ce_weight, args.l1_weight,
                                         args.conf_weight if config.enable_confidence_head else 0.0, args.gamma,
-                                        denom=denom)
+                                        denom=denom, vocab=vocab)
             loss.backward()
             share = stats["weight"] / float(denom)
             for k, v in stats.items():

@@ -31,17 +31,36 @@ def target_block_logits(lm_head, last_hidden: torch.Tensor, anchors: torch.Tenso
         return lm_head(h.to(lm_head.weight.dtype)).float().view(b, anchors.shape[1], block_size, -1)
 
 
+def candidate_vocab(target_logits: torch.Tensor, labels: torch.Tensor, top_k: int, negatives: int,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sorted token ids for a sampled-vocabulary step: every position's target top-k, every label, and `negatives`
+    uniform random ids (so mass the drafter puts elsewhere keeps getting pushed down across steps)."""
+    V = target_logits.shape[-1]
+    top = target_logits.topk(top_k, dim=-1).indices.flatten()
+    neg = torch.randint(0, V, (negatives,), generator=generator).to(top.device)
+    return torch.unique(torch.cat([top, labels.flatten().long().to(top.device), neg]))
+
+
 def dspark_losses(draft_logits, target_logits, conf_logits, labels, eval_mask, ce_weight: float = 0.1,
                   l1_weight: float = 0.9, conf_weight: float = 1.0, gamma: float = 4.0,
-                  denom: float | torch.Tensor | None = None):
-    """-> (loss, stats). stats holds the three means, the weight sum and a soft acceptance 1 - TV (for logs)."""
+                  denom: float | torch.Tensor | None = None, vocab: torch.Tensor | None = None):
+    """-> (loss, stats). stats holds the three means, the weight sum and a soft acceptance 1 - TV (for logs).
+
+    With `vocab` (sorted ids, see candidate_vocab) draft_logits cover only those columns: the draft distribution
+    is renormalised over them, and the target mass outside them counts fully into L1 (a constant for the gradient,
+    but it keeps the logged TV honest)."""
     w = loss_weights(eval_mask, gamma)
     wsum = w.sum()
     denom = wsum.clamp_min(1e-6) if denom is None else denom
     logp_d = torch.log_softmax(draft_logits.float(), dim=-1)
-    ce = -(logp_d.gather(-1, labels[..., None].long()).squeeze(-1))
     p_t = torch.softmax(target_logits.float(), dim=-1)
+    if vocab is not None:
+        p_t = p_t[..., vocab]
+        labels = torch.searchsorted(vocab, labels.long().contiguous())
+    ce = -(logp_d.gather(-1, labels[..., None].long()).squeeze(-1))
     l1 = (logp_d.exp() - p_t).abs().sum(-1)
+    if vocab is not None:
+        l1 = l1 + (1 - p_t.sum(-1)).clamp_min(0)
     soft_label = (1 - 0.5 * l1.detach()).clamp(0, 1)
     if conf_weight:
         conf = F.binary_cross_entropy_with_logits(conf_logits.float(), soft_label, reduction="none")

@@ -1,9 +1,10 @@
 """Greedy losslessness of DSPARK_EXT (fp32): speculation must give token-identical output to the no-spec server.
 
 Runs (each a server; two at a time to save wall time; each run: start, query, stop):
-  tiny target (random weights, real attention) + random drafter: controller `dspark`, and `random:4` (uniform
-    ragged verify lengths). The `dspark` run starts with SGLANG_DSPARK_INJECT_NAN_STEPS=3 and its FIRST request is
-    a lone one: its first 3 decode steps must fall back to plain decoding (test 4) and still be lossless.
+  tiny target (random weights, real attention) + random drafter: controller `dspark`, `random:4` (uniform
+    ragged verify lengths) and `fixed:0` (every step takes the plain-decode fast path). The `dspark` run starts
+    with SGLANG_DSPARK_INJECT_NAN_STEPS=3 and its FIRST request is a lone one: its first 3 decode steps must fall
+    back to plain decoding (test 4) and still be lossless.
   bigram target + matching drafter: noise 0 under `fixed:4` (every draft right: tau > 2) and noise 0.5 under
     `dspark` (partial acceptance); compared to the no-spec server AND to the exact float64 bigram argmax chain.
 All prompts of a run go in one /generate call with per-prompt max_new_tokens, so the running batch mixes verify
@@ -49,6 +50,8 @@ def runs(models, log_dir) -> dict:
         "tiny_dspark_nan": (dspark_args(t, models.tiny_drafter, "dspark", "--dspark-no-draft-skip"),
                             {"SGLANG_DSPARK_INJECT_NAN_STEPS": str(NAN_STEPS)}),
         "tiny_random4": (dspark_args(t, models.tiny_drafter, "random:4"), None),
+        # every step verifies nothing: the plain-decode fast path for the whole run
+        "tiny_fixed0": (dspark_args(t, models.tiny_drafter, "fixed:0", "--dspark-no-draft-skip"), None),
         "bigram_plain": (plain_args(b), None),
         "bigram_exact_fixed4": (dspark_args(b, models.exact_drafter, "fixed:4"), None),
         "bigram_noisy_dspark": (dspark_args(b, models.noisy_drafter, "dspark"), None),
@@ -96,6 +99,15 @@ def test_random_drafter_greedy_is_lossless(runs, name):
     for rec, n in zip(_records(runs[name]), MAX_NEW):
         # every step commits 1 target token + the accepted drafts; the prefill token is not a verify step
         assert rec["verify_steps"] + rec["accepted"] >= n - 1, rec
+
+
+def test_plain_decode_fast_path_is_lossless(runs):
+    """fixed:0 verifies nothing, so every decode step takes SGLang's plain decode forward (with feature capture)."""
+    _assert_identical(_ids(runs["tiny_fixed0"]), _ids(runs["tiny_plain"]), "tiny fixed:0 (plain-decode path)")
+    for rec, n in zip(_records(runs["tiny_fixed0"]), MAX_NEW):
+        assert rec["verified"] == 0 and rec["accepted"] == 0, rec
+        assert rec["verify_steps"] == n - 1, rec  # one decode step per token after the prefill token
+        assert rec["draft_steps"] == rec["verify_steps"], rec
 
 
 def test_random4_verify_lengths_are_ragged(runs):

@@ -218,3 +218,17 @@ def test_ece_and_auroc_on_known_values():
     assert ece(torch.tensor([0.5, 0.5]), torch.tensor([1, 0])) == pytest.approx(0.0)
     assert auroc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == pytest.approx(0.75)
     assert auroc(torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0, 1, 1])) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_forward_train_vocab_subset_equals_full_columns(head):
+    """Sampled-vocabulary training: the restricted logits are exactly the full logits' columns."""
+    model = make_model(head=head)
+    ids = torch.randint(0, V - 1, (1, 12), generator=torch.Generator().manual_seed(3))
+    hid, lm = torch.randn(1, 12, M * D), torch.ones(1, 12)
+    anchors, keep = torch.tensor([[2, 5]]), torch.tensor([[True, True]])
+    full, conf, _, _ = model.forward_train(ids, hid, lm, anchors, keep)
+    vocab = torch.tensor([0, 3, 7, 20, 41, 63])
+    sub, conf_sub, _, _ = model.forward_train(ids, hid, lm, anchors, keep, vocab)
+    torch.testing.assert_close(sub, full[..., vocab], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(conf_sub, conf)
