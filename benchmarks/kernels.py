@@ -7,7 +7,10 @@ Per kernel: correctness vs the torch reference on the benchmark inputs, then the
   markov sampler  R=128 G=7 V=151936 r=256 bf16: Triton >= 5x faster than the torch loop
   ragged accept   R=256 G=7 V=151936: <= 20 us (greedy; sampling reads a full target row per request, so
                   it is bandwidth-bound at about R*V*4 bytes and reported against the same line)
-  ragged verify   FlashInfer CUDA-graph step (stage + replay) within 10% of the eager step (plan + run)
+  ragged verify   FlashInfer CUDA-graph step (stage + replay) within 10% of the eager step (plan + run);
+                  stage() also timed on the host (time.perf_counter: us_stage_host), with a cProfile digest
+Host wall-clock per call (us_host_*) is reported beside the event timings: events bracket the launches, so a
+launch-bound call shows both numbers close together. `--no-sweep` skips the Markov tile sweep (~20 s).
 Exits 0 with a message when no GPU is present. Budget: well under 5 minutes on an H200.
 """
 
@@ -36,6 +39,39 @@ SHAPES = dict(
 
 def _shape(name: str, quick: bool):
     return SHAPES[name][1 if quick else 0]
+
+
+def host_us(fn, iters: int, warmup: int = 2) -> float:
+    """Median host wall-clock microseconds of fn() (time.perf_counter right around the call, the device idle
+    before it): what the caller's thread pays, which CUDA events hide when the GPU side is short."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def profile_top(fn, calls: int = 10, top: int = 15) -> list[str]:
+    """cProfile of `calls` host calls of fn: the `top` entries by cumulative time, per call."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    rows = []
+    for (file, line, name), (_, ncalls, tottime, cumtime, _) in pstats.Stats(prof).stats.items():
+        rows.append((cumtime, tottime, ncalls, f"{Path(file).name}:{line}:{name}"))
+    rows.sort(reverse=True)
+    return [f"{where}  calls/step={nc / calls:g}  cum_us={ct / calls * 1e6:.0f}  self_us={tt / calls * 1e6:.0f}"
+            for ct, tt, nc, where in rows[:top]]
 
 
 def bench_ms(fn, iters: int, warmup: int = 3) -> float:
@@ -76,8 +112,19 @@ def torch_loop_native_rng(U, w1, w2, anchor, temps, seeds):
     return torch.stack(tokens, 1), torch.stack(probs, 1)
 
 
+MARKOV_SWEEP = (  # step-kernel configurations timed after the default one (markov_launch_config overrides)
+    dict(block_r=64, block_v=64, num_warps=4, num_stages=3),
+    dict(block_r=64, block_v=128, num_warps=8),
+    dict(block_r=128, block_v=64, num_warps=8),
+    dict(block_r=128, block_v=128, num_warps=8),
+    dict(block_r=32, block_v=128, num_warps=4),
+    dict(block_r=64, block_v=64, num_warps=4, programs_v=264),
+)
+
+
 def run_markov(args, results):
     from kernels import markov_sample_reference, markov_sample_triton
+    from kernels.markov_sampler import markov_launch_config
 
     R, G, V, rank = _shape("markov", args.quick)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
@@ -99,16 +146,38 @@ def run_markov(args, results):
 
     t_triton = bench_ms(lambda: markov_sample_triton(*a), args.iters)
     t_triton_logits = bench_ms(lambda: markov_sample_triton(*a, return_logits=True), args.iters)
+    # host time of one call (2*G launches + allocations): if it nears the event time the sampler is launch-bound
+    us_host = host_us(lambda: markov_sample_triton(*a, return_logits=True), args.iters)
     t_native = bench_ms(lambda: torch_loop_native_rng(*a), args.iters)
     t_ref = bench_ms(lambda: markov_sample_reference(*a, return_logits=True), max(3, args.iters // 4))
     speedup = t_native / t_triton_logits
+    cfg = markov_launch_config(R, V, rank, torch.device(DEVICE))
     results["markov_sampler"] = dict(
         shape=dict(R=R, G=G, V=V, rank=rank, dtype="bf16"),
         token_match=token_match, max_prob_err=prob_err, max_logit_err=logit_err,
-        ms_triton=t_triton, ms_triton_with_logits=t_triton_logits, ms_torch_loop_native_rng=t_native,
-        ms_torch_reference_same_rng=t_ref, speedup_vs_torch_loop=speedup,
-        target="speedup >= 5x", ok=bool(speedup >= 5.0 and token_match >= 0.98),
+        ms_triton=t_triton, ms_triton_with_logits=t_triton_logits, us_host_per_call_with_logits=us_host,
+        ms_torch_loop_native_rng=t_native, ms_torch_reference_same_rng=t_ref, speedup_vs_torch_loop=speedup,
+        default_config=cfg, target="speedup >= 5x", ok=bool(speedup >= 5.0 and token_match >= 0.98),
     )
+    if args.no_sweep:
+        return
+    # tile sweep of the step kernel (with logits): times, and whether its tokens equal the default config's
+    want = markov_sample_triton(*a).tokens
+    sweep = {}
+    for kw in MARKOV_SWEEP:
+        name = ",".join(f"{k}={v}" for k, v in kw.items())
+        try:
+            same = bool(torch.equal(markov_sample_triton(*a, **kw).tokens, want))
+            sweep[name] = dict(ms_with_logits=bench_ms(lambda: markov_sample_triton(*a, return_logits=True, **kw),
+                                                       max(5, args.iters // 2)), same_tokens=same)
+        except Exception as exc:  # e.g. a tile that does not fit in shared memory
+            sweep[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+    timed = {k: v["ms_with_logits"] for k, v in sweep.items() if "ms_with_logits" in v}
+    results["markov_sampler"]["sweep"] = sweep
+    if timed:
+        best = min(timed, key=timed.get)
+        results["markov_sampler"].update(sweep_best=best, sweep_best_ms_with_logits=timed[best],
+                                         sweep_best_speedup=t_native / timed[best])
 
 
 # ----------------------------------------------------------------------------------------- ragged accept
@@ -141,9 +210,11 @@ def run_accept(args, results):
         a_r, o_r = ragged_accept_reference(*base, **kw)
         match = ((a_k == a_r) & (o_k == o_r).all(1)).float().mean().item()
         t_k = bench_ms(lambda: ragged_accept_triton(*base, **kw), args.iters * 5)
+        us_host = host_us(lambda: ragged_accept_triton(*base, **kw), args.iters * 5)
         t_r = bench_ms(lambda: ragged_accept_reference(*base, **kw), args.iters)
-        out[mode] = dict(request_match=match, us_triton=t_k * 1e3, us_torch_reference=t_r * 1e3,
-                         mean_accept=a_k.float().mean().item(), ok=bool(t_k * 1e3 <= 20.0 and match >= 0.98))
+        out[mode] = dict(request_match=match, us_triton=t_k * 1e3, us_host_per_call=us_host,
+                         us_torch_reference=t_r * 1e3, mean_accept=a_k.float().mean().item(),
+                         ok=bool(t_k * 1e3 <= 20.0 and match >= 0.98))
     results["ragged_accept"] = dict(shape=dict(R=R, G=G, V=V), target="<= 20 us", **out)
 
 
@@ -210,11 +281,16 @@ def run_verify(args, results):
     t_run = bench_ms(lambda: fiv.run_eager(q, k, v), args.iters)
     t_replay = bench_ms(lambda: fiv.replay(q), args.iters)
     t_plan = bench_ms(lambda: fiv.stage(qo, kvp, pages, lens), args.iters)
+    us_stage_host = host_us(lambda: fiv.stage(qo, kvp, pages, lens), args.iters)
+    dev_ptrs = (qo.to(DEVICE), kvp.to(DEVICE), pages, lens.to(DEVICE))  # indptrs on the device: one D2H copy
+    us_stage_host_dev = host_us(lambda: fiv.stage(*dev_ptrs), args.iters)
+    entry["stage_profile"] = profile_top(lambda: fiv.stage(qo, kvp, pages, lens))
     entry.update(
         flashinfer_graph_max_err=(graph_out.float() - ref.float()).abs().max().item(),
         flashinfer_eager_max_err=(eager_out.float() - ref.float()).abs().max().item(),
         capture_s=capture_s, us_eager_step_plan_run=t_eager * 1e3, us_graph_step_plan_replay=t_graph * 1e3,
         us_run_only=t_run * 1e3, us_replay_only=t_replay * 1e3, us_plan_only=t_plan * 1e3,
+        us_stage_host=us_stage_host, us_stage_host_device_indptrs=us_stage_host_dev,
         graph_over_eager=t_graph / t_eager, target="graph step within 10% of eager step (or faster)",
         ok=bool(t_graph <= 1.10 * t_eager),
     )
@@ -259,6 +335,7 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="smaller shapes (smoke test)")
     parser.add_argument("--only", choices=["markov", "accept", "verify", "verify8b"], action="append")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the Markov step-kernel tile sweep")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py: no CUDA device; nothing to measure (kernels are tested on CPU by "
@@ -290,8 +367,12 @@ def main() -> int:
     print(f"\n{'kernel':<16} {'metric':<32} {'value':>14}")
     for kernel in ("markov_sampler", "ragged_accept", "ragged_verify", "verify_step_8b_proxy"):
         for key, value in _flatten(results.get(kernel, {})):
+            if isinstance(value, list):  # profiles: printed below the table
+                continue
             shown = f"{value:.4g}" if isinstance(value, float) else str(value)
             print(f"{kernel:<16} {key:<32} {shown:>14}")
+    for line in results.get("ragged_verify", {}).get("stage_profile", []):
+        print(f"stage() profile: {line}")
     for key in ("markov_error", "accept_error", "verify_error", "verify8b_error"):
         if key in results:
             print(f"ERROR {key}: {results[key]}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import torch
 
 from kernels._rng import HAS_TRITON
@@ -212,6 +213,47 @@ def ragged_verify_attention_triton(
 # ------------------------------------------------------------------------------------------- flashinfer
 
 
+def _host_int32(*tensors: torch.Tensor) -> list[np.ndarray]:
+    """int32 numpy copies of small index tensors: free for CPU tensors, ONE device->host copy otherwise."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return [t.to(torch.int32).numpy() for t in tensors]
+    flat = torch.cat([t.reshape(-1).to(torch.int32) for t in tensors]).cpu().numpy()  # the one sync
+    out, at = [], 0
+    for t in tensors:
+        out.append(flat[at:at + t.numel()])
+        at += t.numel()
+    return out
+
+
+def _pad_layout_host(qo: np.ndarray, kvp: np.ndarray, lens: np.ndarray, num_slots: int, num_tokens: int,
+                     page_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """numpy core of pad_verify_layout: (qo [S+2], kv_indptr [S+2], last_page_len [S+1], live pages, live
+    tokens), S = num_slots, all int32 on the host."""
+    live = lens.shape[0]
+    live_tokens = int(qo[-1])
+    if live > num_slots or live_tokens > num_tokens:
+        raise ValueError(f"live batch ({live} requests, {live_tokens} tokens) exceeds the bucket "
+                         f"({num_slots} requests, {num_tokens} tokens)")
+    pad = num_slots - live
+    sink_rows = num_tokens - live_tokens
+    sink_pages = max(1, -(-sink_rows // page_size))
+    sink_last = sink_rows - (sink_pages - 1) * page_size if sink_rows else 1
+    live_pages = int(kvp[live])
+    qo_p = np.empty(num_slots + 2, dtype=np.int32)
+    qo_p[: live + 1] = qo
+    qo_p[live + 1: num_slots + 1] = live_tokens
+    qo_p[num_slots + 1] = num_tokens
+    kvp_p = np.empty(num_slots + 2, dtype=np.int32)
+    kvp_p[: live + 1] = kvp
+    kvp_p[live + 1: num_slots + 1] = live_pages + np.arange(1, pad + 1, dtype=np.int32)
+    kvp_p[num_slots + 1] = live_pages + pad + sink_pages
+    last = np.empty(num_slots + 1, dtype=np.int32)
+    last[:live] = lens - np.maximum(kvp[1:] - kvp[:-1] - 1, 0) * page_size
+    last[live:num_slots] = 1
+    last[num_slots] = sink_last
+    return qo_p, kvp_p, last, live_pages, live_tokens
+
+
 def pad_verify_layout(
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
@@ -228,28 +270,16 @@ def pad_verify_layout(
     indices on `device`, and the live token count. Unused slots get qo_len 0 and one dummy page (index 0,
     length 1). The sink slot takes every query row the live batch does not use, over dummy pages as long as
     those rows (so its causal rows are well defined), because FlashInfer requires
-    q.shape[0] == qo_indptr[-1] == the captured row count.
+    q.shape[0] == qo_indptr[-1] == the captured row count. The indptrs are built on the host (numpy); device
+    inputs cost one device->host copy. FlashInferRaggedVerify.stage uses the numpy core directly and writes
+    the dummy page entries straight into its captured page table instead of concatenating them.
     """
-    qo = qo_indptr.to("cpu", torch.int32)
-    kvp = kv_indptr.to("cpu", torch.int32)
-    lens = kv_lens.to("cpu", torch.int32)
-    live = lens.numel()
-    live_tokens = int(qo[-1])
-    if live > num_slots or live_tokens > num_tokens:
-        raise ValueError(f"live batch ({live} requests, {live_tokens} tokens) exceeds the bucket "
-                         f"({num_slots} requests, {num_tokens} tokens)")
-    pad = num_slots - live
-    sink_rows = num_tokens - live_tokens
-    sink_pages = max(1, -(-sink_rows // page_size))
-    sink_last = sink_rows - (sink_pages - 1) * page_size if sink_rows else 1
-    last = lens - (kvp[1:] - kvp[:-1] - 1).clamp(min=0) * page_size
-    qo = torch.cat([qo, qo[-1].repeat(pad), torch.tensor([num_tokens], dtype=torch.int32)])
-    kvp = torch.cat([kvp, kvp[-1] + torch.arange(1, pad + 1, dtype=torch.int32),
-                     (kvp[-1] + pad + sink_pages).reshape(1)])
-    last = torch.cat([last, torch.ones(pad, dtype=torch.int32), torch.tensor([sink_last], dtype=torch.int32)])
-    indices = kv_indices[: int(kvp[live])].to(device, torch.int32)
-    indices = torch.cat([indices, torch.zeros(pad + sink_pages, dtype=torch.int32, device=indices.device)])
-    return qo, kvp, indices, last, live_tokens
+    qo, kvp, lens = _host_int32(qo_indptr, kv_indptr, kv_lens)
+    qo_p, kvp_p, last, live_pages, live_tokens = _pad_layout_host(qo, kvp, lens, num_slots, num_tokens, page_size)
+    n_dummy = int(kvp_p[-1]) - live_pages
+    indices = kv_indices[:live_pages].to(device, torch.int32)
+    indices = torch.cat([indices, torch.zeros(n_dummy, dtype=torch.int32, device=indices.device)])
+    return torch.from_numpy(qo_p), torch.from_numpy(kvp_p), indices, torch.from_numpy(last), live_tokens
 
 
 class FlashInferRaggedVerify:
@@ -268,7 +298,8 @@ class FlashInferRaggedVerify:
 
     The live layout is padded to the bucket (see pad_verify_layout); page 0 of the cache serves as the dummy
     page, so its contents must be finite. max_pages bounds the live page-table entries. Indptrs passed to
-    stage() should be CPU tensors (FlashInfer reads them on the host; device tensors cost a sync).
+    stage() should be CPU tensors (FlashInfer reads them on the host; device tensors cost one device->host
+    copy, i.e. a sync, for the three of them).
     """
 
     def __init__(
@@ -315,20 +346,38 @@ class FlashInferRaggedVerify:
     # -- metadata -------------------------------------------------------------------------------------------
 
     def stage(self, qo_indptr, kv_indptr, kv_indices, kv_lens) -> None:
-        """Plan the live layout into the captured buffers (host work, outside any graph)."""
-        qo, kvp, indices, last, live_tokens = pad_verify_layout(
-            qo_indptr, kv_indptr, kv_indices, kv_lens, self.num_slots, self.num_tokens, self.page_size, self.device)
-        if indices.numel() > self.kv_indices_buf.numel():
-            raise ValueError(f"{indices.numel()} page entries exceed the bucket's {self.kv_indices_buf.numel()}")
+        """Plan the live layout into the captured buffers (host work, outside any graph).
+
+        Cheap by construction: the padded indptrs are built with numpy on the host (CPU inputs: no device
+        traffic at all; device inputs: one device->host copy for the three of them), handed to plan() as
+        pinned CPU int32 tensors (so FlashInfer's host->device copies are asynchronous, no stream sync), and
+        the dummy page entries are written straight into the captured page table (one fill) rather than
+        concatenated to the live indices. kv_indices may live on the device (FlashInfer copies it device to
+        device, asynchronously) or on the host.
+        """
+        qo, kvp, lens = _host_int32(qo_indptr, kv_indptr, kv_lens)
+        qo_p, kvp_p, last, live_pages, live_tokens = _pad_layout_host(
+            qo, kvp, lens, self.num_slots, self.num_tokens, self.page_size)
+        total_pages = int(kvp_p[-1])
+        if total_pages > self.kv_indices_buf.numel():
+            raise ValueError(f"{total_pages} page entries exceed the bucket's {self.kv_indices_buf.numel()}")
+        n_ptr = qo_p.shape[0]
+        host = torch.empty(2 * n_ptr + last.shape[0], dtype=torch.int32,
+                           pin_memory=self.device.type == "cuda")  # one pinned block for the three arrays
+        host_np = host.numpy()
+        host_np[:n_ptr] = qo_p
+        host_np[n_ptr:2 * n_ptr] = kvp_p
+        host_np[2 * n_ptr:] = last
+        self.kv_indices_buf[live_pages:total_pages].zero_()  # dummy pages of the padding / sink slots: page 0
         self.wrapper.plan(
-            qo, kvp, indices, last,
+            host[:n_ptr], host[n_ptr:2 * n_ptr], kv_indices[:live_pages], host[2 * n_ptr:],
             self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size,
             causal=True, sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.dtype,
         )
         self.live_tokens = live_tokens
         plan_info = getattr(self.wrapper, "_plan_info", None)
         if self.graph is not None and plan_info is not None and self._captured_plan_info is not None:
-            if list(plan_info) != list(self._captured_plan_info):
+            if list(plan_info) != self._captured_plan_info:
                 raise RuntimeError("FlashInfer planned a launch configuration different from the captured one; "
                                    "re-capture this bucket (capture_graph) before replaying")
 

@@ -11,12 +11,23 @@ Semantics (dspark-reference §1.6, vanilla head), for request r and position k =
 
 The Gumbel noise comes from kernels/_rng.py, which the torch reference reproduces bit for bit.
 
-GPU design. The recurrence prev_k -> token_k is sequential, but within a step every request needs the same
-W2 [V, r]: the Triton path runs, per step, a GEMM-shaped kernel over (request tile, vocab tile) whose epilogue
-adds U, applies temperature and Gumbel noise and keeps per-tile (max, argmax, online logsumexp) partials, then a
-small reduce kernel per request tile picks the token. W2 is streamed once per step for a whole request tile
-(tensor cores), instead of once per request as a one-program-per-request loop would (V*r FMAs per request per
-step on CUDA cores). 2*G launches, no host sync, CUDA-graph capturable.
+GPU design: two launches per position k, 2*G in all, no host sync, CUDA-graph capturable.
+  step   grid (request tiles, P vocabulary programs). A program loads e_k = W1[prev] for its BLOCK_R requests
+         once, then walks a contiguous run of vocabulary tiles: logits = e_k @ W2[tile]^T on tensor cores
+         (tl.dot, fp32 accumulation; W2 streamed once per request tile, the other request tiles of the same
+         vocabulary run hit L2), + U[:, k, tile], and an epilogue in registers that adds the Gumbel noise and
+         keeps per-row running (best score, its token, max z, sum exp(z - max)). Only those four numbers per
+         (request, program) leave the program: [R, P] partials, P ~ 2 * SMs / request tiles.
+  reduce grid (request blocks). Picks the token (max score; lowest id among equal maxima, as torch.argmax),
+         lse = logsumexp of the partials, and the token's probability exp(z_tok - lse), z_tok recovered as
+         score - gumbel(token) (within one ulp of the score). Its tokens are `prev` of the next step.
+Why not one launch per block (G positions in one kernel): position k+1 needs token k, a max over the whole
+vocabulary, i.e. a grid-wide dependency; a single program per request (the only barrier-free single launch)
+does the rank x V projection on CUDA cores one request at a time, and tensor cores need many requests per
+program. Two launches per position cost ~2 us of launch gap each (14 in all at G = 7) against ~50 us of work.
+Cost model (R=128, G=7, V=151936, r=256, bf16, H200): W2 7 x 78 MB + U 272 MB (+ logits 545 MB fp32) of HBM
+traffic, 70 GFLOP on tensor cores, and ~136 M Gumbel draws (two 32-bit hash rounds + two logs each) on CUDA
+cores: ~0.25 ms without logits, ~0.35 ms with, by bandwidth / issue rate.
 """
 
 from __future__ import annotations
@@ -140,118 +151,124 @@ if HAS_TRITON:
     @triton.jit
     def _markov_step_kernel(
         u_ptr, su_r, su_k, su_v,  # base logits U [R, G, V]
-        w1_ptr, s_w1,  # W1 [V, rank]
-        w2_ptr, s_w2,  # W2 [V, rank]
+        w1_ptr, w2_ptr,  # W1 [V, RANK], W2 [V, RANK], contiguous rows
         prev_ptr, s_prev,  # prev tokens [R] (anchor, or tokens[:, k-1])
-        temp_ptr, seed_ptr,  # [R], [R]
-        emb_ptr, se_r, se_k,  # markov_emb [R, G, rank]
+        temp_ptr, seed_ptr,  # [R] fp32, [R] int64
+        emb_ptr, se_r, se_k,  # markov_emb [R, G, RANK]
         logits_ptr, sl_r, sl_k,  # corrected logits [R, G, V] fp32 (written when WRITE_LOGITS)
-        part_score_ptr, part_idx_ptr, part_z_ptr, part_m_ptr, part_s_ptr,  # partials [R, NT]
-        k, R, V, NT,
-        RANK: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+        part_f_ptr, part_i_ptr,  # partials: fp32 [3, R, P] (best score, max z, sum exp), int32 [R, P] (token)
+        k, R, V, NT, P, TILES_PER_PROG,
+        RANK: tl.constexpr, RANK_PAD: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
         WRITE_LOGITS: tl.constexpr, IEEE_DOT: tl.constexpr,
         SALT: tl.constexpr, GREEDY_EPS: tl.constexpr,
     ):
-        pid_r = tl.program_id(0)  # request tiles vary fastest: programs sharing a W2 tile run together
+        """One program = one request tile x a contiguous run of TILES_PER_PROG vocabulary tiles."""
+        pid_r = tl.program_id(0)  # request tiles vary fastest: programs sharing W2 tiles run together
         pid_v = tl.program_id(1)
         rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < R
-        cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        cmask = cols < V
+        kk = tl.arange(0, RANK_PAD)
+        kmask = kk < RANK
 
+        # e_k = W1[prev] for the whole request tile, loaded once and reused for every vocabulary tile
         prev = tl.load(prev_ptr + rows * s_prev, mask=rmask, other=0).to(tl.int64)
-        acc = tl.zeros([BLOCK_R, BLOCK_V], dtype=tl.float32)
-        for r0 in range(0, RANK, BLOCK_K):
-            kk = r0 + tl.arange(0, BLOCK_K)
-            kmask = kk < RANK
-            e = tl.load(w1_ptr + prev[:, None] * s_w1 + kk[None, :],
-                        mask=rmask[:, None] & kmask[None, :], other=0.0)
-            w = tl.load(w2_ptr + cols[None, :].to(tl.int64) * s_w2 + kk[:, None],
-                        mask=kmask[:, None] & cmask[None, :], other=0.0)
-            if IEEE_DOT:  # fp32 weights, or the CPU interpreter (its bf16 dot is wrong): exact fp32 dot
-                acc = tl.dot(e.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(e, w, acc)
-            if pid_v == 0:  # one vocab tile writes the Markov embedding e_k
-                tl.store(emb_ptr + rows[:, None] * se_r + k * se_k + kk[None, :], e,
-                         mask=rmask[:, None] & kmask[None, :])
-
-        m2 = rmask[:, None] & cmask[None, :]
-        u = tl.load(u_ptr + rows[:, None].to(tl.int64) * su_r + k * su_k + cols[None, :] * su_v,
-                    mask=m2, other=0.0)
-        logits = acc + u.to(tl.float32)
-        if WRITE_LOGITS:
-            tl.store(logits_ptr + rows[:, None].to(tl.int64) * sl_r + k * sl_k + cols[None, :], logits, mask=m2)
+        e = tl.load(w1_ptr + prev[:, None] * RANK + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        if pid_v == 0:  # one vocabulary program writes the Markov embedding
+            tl.store(emb_ptr + rows[:, None].to(tl.int64) * se_r + k * se_k + kk[None, :], e,
+                     mask=rmask[:, None] & kmask[None, :])
+        if IEEE_DOT:  # fp32 weights, or the CPU interpreter (its bf16 dot is wrong): exact fp32 dot
+            e = e.to(tl.float32)
 
         temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0).to(tl.float32)
         greedy = temp < GREEDY_EPS
         inv_t = 1.0 / tl.where(greedy, 1.0, temp)
         seed = tl.load(seed_ptr + rows, mask=rmask, other=0).to(tl.int64)
         key1, key2 = _rng.stream_keys(seed, SALT)
-        z = logits * inv_t[:, None]
-        noise = _rng.gumbel(key1[:, None], key2[:, None], k * V + cols[None, :])
-        score = tl.where(greedy[:, None], z, z + noise)
-        score = tl.where(cmask[None, :], score, float("-inf"))
-        z = tl.where(cmask[None, :], z, float("-inf"))
+        u_row = u_ptr + rows.to(tl.int64) * su_r + k * su_k
+        l_row = logits_ptr + rows.to(tl.int64) * sl_r + k * sl_k
 
-        best = tl.max(score, axis=1)
-        arg = tl.argmax(score, axis=1)  # first maximum: ties go to the lowest token id
-        local = tl.arange(0, BLOCK_V)
-        z_best = tl.max(tl.where(local[None, :] == arg[:, None], z, float("-inf")), axis=1)
-        m = tl.max(z, axis=1)
-        s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+        run_best = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        run_tok = tl.zeros([BLOCK_R], tl.int32)
+        run_m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        run_s = tl.zeros([BLOCK_R], tl.float32)
+        t_begin = pid_v * TILES_PER_PROG
+        t_end = tl.minimum(t_begin + TILES_PER_PROG, NT)
+        for t in range(t_begin, t_end):
+            v0 = t * BLOCK_V
+            cols = v0 + tl.arange(0, BLOCK_V)
+            cmask = cols < V
+            w = tl.load(w2_ptr + cols[:, None].to(tl.int64) * RANK + kk[None, :],
+                        mask=cmask[:, None] & kmask[None, :], other=0.0)  # [BLOCK_V, RANK_PAD]
+            if IEEE_DOT:
+                acc = tl.dot(e, tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc = tl.dot(e, tl.trans(w))  # tensor cores, fp32 accumulation
+            m2 = rmask[:, None] & cmask[None, :]
+            u = tl.load(u_row[:, None] + cols[None, :] * su_v, mask=m2, other=0.0)
+            logits = acc + u.to(tl.float32)
+            if WRITE_LOGITS:
+                tl.store(l_row[:, None] + cols[None, :], logits, mask=m2)
 
-        p_off = rows * NT + pid_v
-        tl.store(part_score_ptr + p_off, best, mask=rmask)
-        tl.store(part_idx_ptr + p_off, pid_v * BLOCK_V + arg, mask=rmask)
-        tl.store(part_z_ptr + p_off, z_best, mask=rmask)
-        tl.store(part_m_ptr + p_off, m, mask=rmask)
-        tl.store(part_s_ptr + p_off, s, mask=rmask)
+            z = logits * inv_t[:, None]
+            noise = _rng.gumbel(key1[:, None], key2[:, None], k * V + cols[None, :])
+            score = tl.where(greedy[:, None], z, z + noise)
+            score = tl.where(cmask[None, :], score, float("-inf"))
+            z = tl.where(cmask[None, :], z, float("-inf"))
+
+            t_best, t_arg = tl.max(score, axis=1, return_indices=True)  # ties -> lowest index in the tile
+            better = t_best > run_best  # strict: earlier tiles (lower ids) keep ties
+            run_tok = tl.where(better, v0 + t_arg, run_tok)
+            run_best = tl.where(better, t_best, run_best)
+            m_new = tl.maximum(run_m, tl.max(z, axis=1))  # every tile holds >= 1 valid column: finite
+            run_s = run_s * tl.exp(run_m - m_new) + tl.sum(tl.exp(z - m_new[:, None]), axis=1)
+            run_m = m_new
+
+        p_off = rows * P + pid_v
+        rp = R * P
+        tl.store(part_f_ptr + p_off, run_best, mask=rmask)
+        tl.store(part_f_ptr + rp + p_off, run_m, mask=rmask)
+        tl.store(part_f_ptr + 2 * rp + p_off, run_s, mask=rmask)
+        tl.store(part_i_ptr + p_off, run_tok, mask=rmask)
 
     @triton.jit
     def _markov_reduce_kernel(
-        part_score_ptr, part_idx_ptr, part_z_ptr, part_m_ptr, part_s_ptr,
-        temp_ptr, tok_ptr, prob_ptr, lse_ptr, s_out,  # outputs [R, G] (row stride s_out) at column k
-        k, R, NT,
-        BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, GREEDY_EPS: tl.constexpr,
+        part_f_ptr, part_i_ptr,  # partials of _markov_step_kernel
+        temp_ptr, seed_ptr,
+        tok_ptr, prob_ptr, lse_ptr, s_out,  # outputs [R, G] (row stride s_out) at column k
+        k, R, V, P,
+        BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+        SALT: tl.constexpr, GREEDY_EPS: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < R
-        run_best = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        run_tok = tl.zeros([BLOCK_R], tl.int32)
-        run_z = tl.zeros([BLOCK_R], tl.float32)
-        run_m = tl.full([BLOCK_R], -1e30, tl.float32)  # finite: no (-inf) - (-inf) on padded rows
-        run_s = tl.zeros([BLOCK_R], tl.float32)
-        for t0 in range(0, NT, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            m2 = rmask[:, None] & (t < NT)[None, :]
-            off = rows[:, None] * NT + t[None, :]
-            score = tl.load(part_score_ptr + off, mask=m2, other=float("-inf"))
-            idx = tl.load(part_idx_ptr + off, mask=m2, other=0)
-            zb = tl.load(part_z_ptr + off, mask=m2, other=0.0)
-            m = tl.load(part_m_ptr + off, mask=m2, other=float("-inf"))
-            s = tl.load(part_s_ptr + off, mask=m2, other=0.0)
+        p = tl.arange(0, BLOCK_P)
+        m2 = rmask[:, None] & (p < P)[None, :]
+        off = rows[:, None] * P + p[None, :]
+        rp = R * P
+        score = tl.load(part_f_ptr + off, mask=m2, other=float("-inf"))
+        m = tl.load(part_f_ptr + rp + off, mask=m2, other=float("-inf"))
+        s = tl.load(part_f_ptr + 2 * rp + off, mask=m2, other=0.0)
+        idx = tl.load(part_i_ptr + off, mask=m2, other=0)
 
-            tile_best = tl.max(score, axis=1)
-            tile_arg = tl.argmax(score, axis=1)
-            pick = t[None, :] == (t0 + tile_arg)[:, None]
-            tile_tok = tl.sum(tl.where(pick, idx, 0), axis=1)
-            tile_z = tl.sum(tl.where(pick, zb, 0.0), axis=1)
-            better = tile_best > run_best  # strict: earlier tiles (lower ids) win ties
-            run_best = tl.where(better, tile_best, run_best)
-            run_tok = tl.where(better, tile_tok, run_tok)
-            run_z = tl.where(better, tile_z, run_z)
+        best = tl.max(score, axis=1)
+        # lowest token id among equal maxima (greedy rows can tie exactly), as torch.argmax picks
+        tok = tl.min(tl.where(m2 & (score == best[:, None]), idx, 2147483647), axis=1)
+        tok = tl.where(rmask, tok, 0)
+        mx = tl.where(rmask, tl.max(m, axis=1), 0.0)  # padded rows: no partials at all
+        tot = tl.sum(tl.where(m2, s * tl.exp(m - mx[:, None]), 0.0), axis=1)
+        lse = mx + tl.log(tl.where(rmask, tot, 1.0))
 
-            new_m = tl.maximum(run_m, tl.max(m, axis=1))
-            run_s = run_s * tl.exp(run_m - new_m) + tl.sum(s * tl.exp(m - new_m[:, None]), axis=1)
-            run_m = new_m
-
-        lse = run_m + tl.log(tl.where(rmask, run_s, 1.0))  # padded rows have run_s = 0
         temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0).to(tl.float32)
-        prob = tl.where(temp < GREEDY_EPS, 1.0, tl.exp(tl.where(rmask, run_z - lse, 0.0)))
+        greedy = temp < GREEDY_EPS
+        seed = tl.load(seed_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        key1, key2 = _rng.stream_keys(seed, SALT)
+        # z of the sampled token, recovered from its perturbed score (|error| <= one ulp of the score): the
+        # vocabulary sweep then needs no per-element bookkeeping of z at the running argmax
+        z_tok = tl.where(rmask, best - _rng.gumbel(key1, key2, k * V + tok), 0.0)
+        prob = tl.where(greedy, 1.0, tl.exp(tl.where(rmask, z_tok - lse, 0.0)))
         out = rows * s_out + k
-        tl.store(tok_ptr + out, run_tok.to(tl.int64), mask=rmask)
+        tl.store(tok_ptr + out, tok.to(tl.int64), mask=rmask)
         tl.store(prob_ptr + out, prob, mask=rmask)
         tl.store(lse_ptr + out, lse, mask=rmask)
 
@@ -262,6 +279,40 @@ def _interpreting() -> bool:
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the CPU interpreter: a couple of vocabulary programs, so the cross-program reduce is exercised
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def markov_launch_config(R: int, V: int, rank: int, device: torch.device, *, block_r: int | None = None,
+                         block_v: int | None = None, programs_v: int | None = None, num_warps: int | None = None,
+                         num_stages: int | None = None) -> dict:
+    """Tile sizes and grid of the step kernel (defaults tuned for H100/H200-class GPUs; all overridable)."""
+    block_r = block_r or min(64, max(16, _next_pow2(R)))
+    block_v = block_v or (64 if V >= 64 else max(16, _next_pow2(V)))
+    num_warps = num_warps or (8 if block_r * block_v >= 128 * 128 else 4)
+    num_stages = num_stages or 2  # a W2 tile is block_v x rank (32 KB at 64 x 256 bf16): 2 buffers suffice
+    for name, b in (("block_r", block_r), ("block_v", block_v)):
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot tiles); got {b}")
+    nt = triton.cdiv(V, block_v)
+    r_tiles = triton.cdiv(R, block_r)
+    if programs_v is None:  # about two resident programs per SM in all, each a contiguous run of vocab tiles
+        programs_v = triton.cdiv(2 * _sm_count(device), r_tiles)
+    programs_v = max(1, min(nt, programs_v))
+    tiles_per_prog = triton.cdiv(nt, programs_v)
+    programs_v = triton.cdiv(nt, tiles_per_prog)  # no program without a tile
+    return dict(block_r=block_r, block_v=block_v, rank_pad=max(16, _next_pow2(rank)), num_warps=num_warps,
+                num_stages=num_stages, nt=nt, r_tiles=r_tiles, programs_v=programs_v, tiles_per_prog=tiles_per_prog)
 
 
 def markov_sample_triton(
@@ -275,7 +326,9 @@ def markov_sample_triton(
     return_logits: bool = False,
     block_r: int | None = None,
     block_v: int | None = None,
-    block_k: int | None = None,
+    programs_v: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> MarkovSample:
     """Vanilla head on Triton (CUDA, or CPU under TRITON_INTERPRET=1). Same outputs as the reference."""
     if not HAS_TRITON:
@@ -293,13 +346,9 @@ def markov_sample_triton(
     temps = temperatures.to(device=device, dtype=torch.float32).contiguous()
     seeds = seeds.to(device=device, dtype=torch.int64).contiguous()
     anchor = anchor_tokens.to(device=device, dtype=torch.int64).contiguous()
-
-    # Tiles: tl.dot needs >= 16 on every side; a request tile as wide as the batch (<= 128) streams W2 once.
-    block_r = block_r or min(128, max(16, _next_pow2(R)))
-    block_v = block_v or (min(128, 8192 // block_r) if V >= 128 else max(16, _next_pow2(V)))  # cap the tile
-    block_k = block_k or min(64, max(16, _next_pow2(rank)))
-    num_warps = 8 if block_r * block_v >= 128 * 128 else 4
-    nt = triton.cdiv(V, block_v)
+    cfg = markov_launch_config(R, V, rank, device, block_r=block_r, block_v=block_v, programs_v=programs_v,
+                               num_warps=num_warps, num_stages=num_stages)
+    P = cfg["programs_v"]
 
     tokens = torch.empty(R, G, dtype=torch.int64, device=device)
     probs = torch.empty(R, G, dtype=torch.float32, device=device)
@@ -308,36 +357,35 @@ def markov_sample_triton(
     logits = torch.empty(R, G, V, dtype=torch.float32, device=device) if return_logits else None
     logits_arg = logits if logits is not None else probs  # dummy pointer, never written
     sl = (logits.stride(0), logits.stride(1)) if logits is not None else (0, 0)
-    part_score = torch.empty(R, nt, dtype=torch.float32, device=device)
-    part_idx = torch.empty(R, nt, dtype=torch.int32, device=device)
-    part_z = torch.empty_like(part_score)
-    part_m = torch.empty_like(part_score)
-    part_s = torch.empty_like(part_score)
-    block_t = min(1024, _next_pow2(nt))
-    reduce_block_r = 16 if block_t <= 256 else 4
+    part_f = torch.empty(3, R, P, dtype=torch.float32, device=device)
+    part_i = torch.empty(R, P, dtype=torch.int32, device=device)
+    block_p = max(16, _next_pow2(P))
+    reduce_block_r = max(1, min(16, 4096 // block_p))
 
-    grid_step = (triton.cdiv(R, block_r), nt)
+    grid_step = (cfg["r_tiles"], P)
     grid_reduce = (triton.cdiv(R, reduce_block_r),)
+    ieee = w1.dtype == torch.float32 or _interpreting()
     for k in range(G):
         prev, s_prev = (anchor, 1) if k == 0 else (tokens[:, k - 1], tokens.stride(0))
         _markov_step_kernel[grid_step](
             base_logits, base_logits.stride(0), base_logits.stride(1), base_logits.stride(2),
-            w1, w1.stride(0), w2, w2.stride(0),
-            prev, s_prev, temps, seeds,
+            w1, w2, prev, s_prev, temps, seeds,
             emb, emb.stride(0), emb.stride(1),
             logits_arg, sl[0], sl[1],
-            part_score, part_idx, part_z, part_m, part_s,
-            k, R, V, nt,
-            RANK=rank, BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_K=block_k,
-            WRITE_LOGITS=logits is not None, IEEE_DOT=w1.dtype == torch.float32 or _interpreting(),
+            part_f, part_i,
+            k, R, V, cfg["nt"], P, cfg["tiles_per_prog"],
+            RANK=rank, RANK_PAD=cfg["rank_pad"], BLOCK_R=cfg["block_r"], BLOCK_V=cfg["block_v"],
+            WRITE_LOGITS=logits is not None, IEEE_DOT=ieee,
             SALT=_rng.SALT_DRAFT_GUMBEL, GREEDY_EPS=GREEDY_EPS,
-            num_warps=num_warps,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
         _markov_reduce_kernel[grid_reduce](
-            part_score, part_idx, part_z, part_m, part_s,
-            temps, tokens, probs, lse, tokens.stride(0),
-            k, R, nt,
-            BLOCK_R=reduce_block_r, BLOCK_T=block_t, GREEDY_EPS=GREEDY_EPS,
+            part_f, part_i, temps, seeds,
+            tokens, probs, lse, tokens.stride(0),
+            k, R, V, P,
+            BLOCK_R=reduce_block_r, BLOCK_P=block_p,
+            SALT=_rng.SALT_DRAFT_GUMBEL, GREEDY_EPS=GREEDY_EPS,
+            num_warps=4,
         )
     return MarkovSample(tokens, probs, emb, lse, logits, "triton", "vanilla head on a triton device")
 

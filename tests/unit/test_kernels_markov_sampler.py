@@ -99,6 +99,45 @@ def test_triton_bf16_odd_shapes(device):
     assert got.logits is None and got.markov_emb.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("programs_v", [1, 3, 7])
+def test_triton_vocab_split_across_programs(device, programs_v):
+    """V = 100 in 7 tiles of 16 (last one ragged), split over 1 / 3 / 7 programs: partials combine exactly."""
+    _device_or_skip(device)
+    args = _problem(20, 3, 100, 16, torch.float32, device, seed=13)
+    got = markov_sample_triton(*args, return_logits=True, block_r=16, block_v=16, programs_v=programs_v)
+    ref = markov_sample_reference(*args, return_logits=True)
+    _assert_same(got, ref, exact_tokens=device == "cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_triton_greedy_ties_pick_the_lowest_id(device):
+    """Greedy rows with exact ties across vocabulary tiles / programs: the lowest token id, as torch.argmax."""
+    _device_or_skip(device)
+    R, G, V, rank = 4, 2, 64, 16
+    U = torch.zeros(R, G, V)
+    U[:, :, [5, 21, 40, 63]] = 3.0  # equal maxima in tiles 0, 1, 2, 3
+    U[1, :, 5] = 0.0  # row 1: first maximum at 21
+    w = torch.zeros(V, rank)  # no Markov correction: logits = U exactly
+    args = [U, w, w, torch.zeros(R, dtype=torch.int64), torch.zeros(R), torch.arange(R)]
+    args = [t.to(device) for t in args]
+    got = markov_sample_triton(*args, block_r=16, block_v=16, programs_v=3)
+    ref = markov_sample_reference(*args)
+    assert torch.equal(got.tokens.cpu(), ref.tokens.cpu())
+    assert got.tokens[:, 0].tolist() == [5, 21, 5, 5]
+
+
+def test_launch_config_rejects_bad_tiles():
+    if not HAS_TRITON:
+        pytest.skip("triton is not importable")
+    from kernels.markov_sampler import markov_launch_config
+
+    cfg = markov_launch_config(128, 151936, 256, torch.device("cpu"))
+    assert cfg["programs_v"] * cfg["tiles_per_prog"] >= cfg["nt"] > (cfg["programs_v"] - 1) * cfg["tiles_per_prog"]
+    with pytest.raises(ValueError, match="block_v"):
+        markov_launch_config(8, 64, 16, torch.device("cpu"), block_v=24)
+
+
 def test_reference_greedy_is_the_markov_argmax_chain():
     U, w1, w2, anchor, _, seeds = _problem(4, 5, 32, 8, torch.float32, "cpu", seed=3)
     out = markov_sample_reference(U, w1, w2, anchor, torch.zeros(4), seeds)

@@ -107,6 +107,29 @@ def test_triton_greedy_only_needs_argmax(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_triton_greedy_kernel_many_requests(device):
+    """The single-launch greedy path over more requests than one program's tile (block 16 -> 3 programs)."""
+    _device_or_skip(device)
+    gen = torch.Generator().manual_seed(4)
+    lens = [int(x) for x in torch.randint(0, 4, (37,), generator=gen)]
+    args, t = _batch(lens, 3, 24, [0.0] * 37, device, seed=4, match=0.8)
+    a, out = ragged_accept_triton(*args, target_argmax=t["target_argmax"])
+    a_ref, out_ref = ragged_accept_reference(*args, target_argmax=t["target_argmax"])
+    assert torch.equal(a, a_ref) and torch.equal(out, out_ref)
+    assert a.dtype == torch.int32 and out.dtype == torch.int64
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_triton_bonus_split_over_vocab_chunks(device, splits):
+    _device_or_skip(device)
+    args, targets = _batch([4, 0, 2, 4, 1, 3], 4, 100, [1.0, 0.7, 0.0, 1.3, 1.0, 0.9], device, seed=9)
+    a, out = ragged_accept_triton(*args, **targets, block_v=16, splits=splits)
+    a_ref, out_ref = ragged_accept_reference(*args, **targets)
+    assert torch.equal(a, a_ref) and torch.equal(out, out_ref)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_triton_sampled_only_with_probs(device):
     _device_or_skip(device)
     args, t = _batch([2, 4, 0, 3], 4, 40, [1.0, 0.7, 1.0, 1.6], device, seed=3, match=0.9)
