@@ -100,8 +100,19 @@ PANELS = [
      "ran for (the rest were skipped because the controller kept verifying nothing for them).",
      [(f"{rate('sglang:dspark_fallbacks_total', by='reason')} * 60", "{{reason}} fallbacks per minute"),
       (f"{rate('sglang:dspark_draft_steps_total')} / {rate('sglang:dspark_verify_steps_total')}",
-       "share of request-steps drafted")],
-     {"right_axis": ["share of request-steps drafted"]}),
+       "share of request-steps drafted"),
+      (f"{rate('sglang:dspark_plain_decode_steps_total')} / {rate('sglang:dspark_batch_steps_total')}",
+       "share of steps run as plain decode")],
+     {"right_axis": ["share of request-steps drafted", "share of steps run as plain decode"]}),
+    ("SLA floors", "short",
+     "Request-steps per second carrying a tokens/s floor (--dspark-min-user-tps or the request's "
+     "custom_params.dspark_min_user_tps) and those whose expected rate stayed below it: the controller could not "
+     "meet the floor with the capacity it had. Right axis: the unmet share.",
+     [(rate("sglang:dspark_sla_floored_request_steps_total"), "floored request-steps/s"),
+      (rate("sglang:dspark_sla_unsatisfied_request_steps_total"), "unmet request-steps/s"),
+      (f"{rate('sglang:dspark_sla_unsatisfied_request_steps_total')} / "
+       f"{rate('sglang:dspark_sla_floored_request_steps_total')}", "unmet share")],
+     {"right_axis": ["unmet share"]}),
     ("Draft and verify time per step", "s",
      "Mean drafter and target-verify time per decode step, and their p95.",
      [(f"{rate('sglang:dspark_draft_time_seconds_sum')} / {rate('sglang:dspark_draft_time_seconds_count')}",

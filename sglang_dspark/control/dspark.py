@@ -77,6 +77,7 @@ class DSparkPolicy(CostModelFeedback, VerifyLengthPolicy):
     def choose(self, conf: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
         conf = conf[:, : self.gamma]
         lengths = algorithm1(conf, conf.shape[0], ctx.kv_tokens, self.cost_model)
+        self.last_unsatisfied = None
         if ctx.min_user_tps is not None:
             sla = apply_sla(lengths, survival(conf), ctx.min_user_tps, ctx.kv_tokens, self.cost_model)
             lengths, self.last_unsatisfied = sla.lengths, sla.unsatisfied

@@ -43,6 +43,11 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
     "bonus_tokens": ("counter", "Target-sampled tokens committed after the accepted drafts (one per request-step).",
                      (), {}),
     "fallbacks": ("counter", "Decode batch steps that fell back to plain decoding, by reason.", ("reason",), {}),
+    "plain_decode_steps": ("counter", "Decode batch steps that verified nothing anywhere and ran as SGLang's plain "
+                           "decode forward (no ragged verify).", (), {}),
+    "sla_floored_request_steps": ("counter", "Request-steps that carried an SLA tokens/s floor.", (), {}),
+    "sla_unsatisfied_request_steps": ("counter", "Request-steps whose expected tokens/s stayed below their SLA floor "
+                                      "(not enough capacity, or even l = gamma is too little).", (), {}),
     "accepted_by_position": ("counter", "Request-steps whose accepted drafts reach position p (1-based).",
                              ("position",), {}),
     "verified_by_position": ("counter", "Request-steps whose verify length reaches position p (1-based).",
@@ -157,7 +162,8 @@ class DSparkMetrics:
         for reason in FALLBACK_REASONS:
             self._m("fallbacks", reason=reason)
         for short in ("verify_steps", "draft_steps", "batch_steps", "drafted_tokens", "verified_tokens",
-                      "accepted_tokens", "wasted_verify_tokens", "bonus_tokens"):
+                      "accepted_tokens", "wasted_verify_tokens", "bonus_tokens", "plain_decode_steps",
+                      "sla_floored_request_steps", "sla_unsatisfied_request_steps"):
             self._m(short)
 
     def observe_step(self, stats, *, budget_tokens: int, capacity_tokens: int, running: int,
@@ -181,6 +187,10 @@ class DSparkMetrics:
         self._m("wasted_verify_tokens").inc(verified - accepted)
         if stats.fallback:
             self._m("fallbacks", reason=stats.fallback).inc()
+        if getattr(stats, "plain_decode", False):
+            self._m("plain_decode_steps").inc()
+        self._m("sla_floored_request_steps").inc(getattr(stats, "sla_floored", 0))
+        self._m("sla_unsatisfied_request_steps").inc(getattr(stats, "sla_unsatisfied", 0))
         verify_counts, accept_counts = Counter(verify), Counter(accept)
         _observe_counts(self._m("verify_length"), verify_counts)
         _observe_counts(self._m("accept_length"), accept_counts)

@@ -17,6 +17,8 @@ class StepStats:
     accept_lens: list[int] = field(default_factory=list)
     fallback: str | None = None
     plain_decode: bool = False  # the step ran as SGLang's plain decode (nothing verified anywhere)
+    sla_floored: int = 0  # requests with an SLA floor this step
+    sla_unsatisfied: int = 0  # of those, requests whose expected tokens/s stays below the floor
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()

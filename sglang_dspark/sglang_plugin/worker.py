@@ -31,6 +31,7 @@ from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.options import DSparkOptions
+from sglang_dspark.sglang_plugin.request_params import request_floors
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
 from sglang_dspark.sglang_plugin.verify_batch import rewrite_as_plain_decode, rewrite_as_verify_extend
@@ -205,9 +206,13 @@ class DSparkExtWorker(BaseSpecWorker):
             conf = self.calibration.calibrate(conf_logits)
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
                                temperatures=draft_temps, last_step_time_s=self.counters.last_step_s,
-                               min_user_tps=self.min_user_tps(bs))
+                               min_user_tps=request_floors(batch.reqs, self.options.min_user_tps))
             policy = self.profile_policy if self.costs.profiling else self.policy
             verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
+            if ctx.min_user_tps is not None:
+                stats.sla_floored = int((ctx.min_user_tps > 0).sum())
+                unsatisfied = getattr(policy, "last_unsatisfied", None)
+                stats.sla_unsatisfied = 0 if unsatisfied is None else int(unsatisfied.sum())
             verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
             verify_lens = self._restrict(batch, verify_lens)
         else:
@@ -314,10 +319,6 @@ class DSparkExtWorker(BaseSpecWorker):
         self.metrics.observe_step(stats, budget_tokens=verified, capacity_tokens=bs * self.gamma, running=bs,
                                   predicted_s=predicted, measured_s=stats.verify_s,
                                   ece_per_position=self.calibration.ece().tolist(), conf=conf)
-
-    def min_user_tps(self, bs: int) -> torch.Tensor | None:
-        floor = self.options.min_user_tps
-        return None if floor is None else torch.full((bs,), float(floor))
 
     def _restrict(self, batch, verify_lens: torch.Tensor) -> torch.Tensor:
         """Requests whose next-token distribution we cannot reproduce per draft position verify nothing."""
