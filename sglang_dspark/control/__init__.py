@@ -8,6 +8,7 @@ from .dspark_async import DSparkAsyncPolicy
 from .factory import make_policy
 from .fixed import FixedPolicy
 from .oracle import OraclePolicy
+from .plain_decode import PlainDecodeGate
 from .sla import SlaResult, apply_sla
 from .sps_topk import SpsTopKPolicy
 from .threshold import ThresholdPolicy
@@ -21,6 +22,7 @@ __all__ = [
     "EngineCostModel",
     "FixedPolicy",
     "OraclePolicy",
+    "PlainDecodeGate",
     "SlaResult",
     "SpsTopKPolicy",
     "StepOutcome",

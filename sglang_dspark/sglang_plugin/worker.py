@@ -25,7 +25,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
-from sglang_dspark.control import BatchContext, CalibrationMonitor, StepOutcome, make_policy
+from sglang_dspark.control import BatchContext, CalibrationMonitor, PlainDecodeGate, StepOutcome, make_policy
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key
@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 DRAFT_PROBE_EVERY = 4  # a request skipped for drafting is re-probed every this many steps
+GATED_CONTROLLERS = ("dspark", "dspark-async", "sps-topk")
 
 
 class DrafterFailure(RuntimeError):
@@ -89,6 +90,10 @@ class DSparkExtWorker(BaseSpecWorker):
         self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
         self.profile_policy = make_policy(f"random:{self.gamma}", None, gamma=self.gamma)
+        # cost-aware controllers may also choose plain decoding for the whole batch (fixed / threshold keep their
+        # lengths exactly: they are what A/B measurements ask for)
+        gated = self.options.plain_decode_fast_path and self.options.controller.split(":")[0] in GATED_CONTROLLERS
+        self.plain_gate = PlainDecodeGate() if gated else None
         self.counters = WorkerCounters()
         self.context_pool: DraftContextPool | None = None
         trace_path = os.environ.get("SGLANG_DSPARK_TRACE_PATH")
@@ -221,13 +226,17 @@ class DSparkExtWorker(BaseSpecWorker):
                 stats.sla_unsatisfied = 0 if unsatisfied is None else int(unsatisfied.sum())
             verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
             verify_lens = self._restrict(batch, verify_lens)
+            if self.plain_gate is not None and not self.costs.profiling:
+                verify_lens = self.plain_gate.choose(verify_lens, conf, self.cost_model, int(committed.sum()))
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
 
-        if self.options.plain_decode_fast_path and int(verify_lens.sum()) == 0:
+        # (while profiling the verify cost curve, l = 0 steps are verify samples too: T = R anchors the fit)
+        if self.options.plain_decode_fast_path and not self.costs.profiling and int(verify_lens.sum()) == 0:
             return self._plain_decode(batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits,
                                       None if fallback else conf)
 
+        want_logprob = bool(batch.return_logprob)
         t0 = time.perf_counter()
         r2t = self.req_to_token_pool.req_to_token
         slots, positions, rows = rewrite_as_verify_extend(batch, r2t, anchors, drafts, verify_lens.to(self.device),
@@ -259,6 +268,12 @@ class DSparkExtWorker(BaseSpecWorker):
         bonus = accept.bonus_tokens.to(torch.int64)
 
         stats.finish(verify_lens, accept_lens, fallback)
+        # customized_info is per committed token, so it needs the accept lengths finish() just recorded
+        logits_output = LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
+            record_verify_lens=self.options.record_verify_lens))
+        if want_logprob:
+            packed_to_dense = _dense_index(verify_lens, self.stride - 1).to(logits.device)
+            self._attach_logprobs(batch, logits_output, logits, packed_to_dense, next_tokens)
         self.counters.add(stats)
         if self.metrics is not None:  # before policy.observe: the cost model predicts this step unrefined
             self._observe_metrics(stats, committed, None if fallback else conf)
@@ -271,8 +286,7 @@ class DSparkExtWorker(BaseSpecWorker):
             self.trace.write(committed, conf, conf_logits, verify_lens, accept_lens, stats)
         self.step_index += 1
         return GenerationBatchResult(
-            logits_output=LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
-                record_verify_lens=self.options.record_verify_lens)),
+            logits_output=logits_output,
             next_token_ids=next_tokens.flatten().to(self.device), accept_lens=commit.to(self.device),
             cap_lens=verify_lens.to(torch.int32).to(self.device), new_seq_lens=new_seq_lens.to(self.device),
             next_draft_input=DSparkDraftState(bonus.to(self.device), state.zero_streak if fallback else
@@ -282,6 +296,7 @@ class DSparkExtWorker(BaseSpecWorker):
 
     def _plain_decode(self, batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits, conf):
         """Nothing to verify anywhere in the batch: SGLang's plain decode step, plus the drafter's context capture."""
+        want_logprob = bool(batch.return_logprob)
         t0 = time.perf_counter()
         bs = len(anchors)
         slots, positions = rewrite_as_plain_decode(batch, self.req_to_token_pool.req_to_token, anchors, committed)
@@ -291,26 +306,31 @@ class DSparkExtWorker(BaseSpecWorker):
         if torch.device(self.device).type == "cuda":
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
-        self.costs.record(bs, bs, int(committed.sum()), stats.verify_s)
+        kv = int(committed.sum())
+        if self.plain_gate is not None and not self.costs.profiling:
+            self.plain_gate.observe_plain(stats.verify_s, float(self.cost_model.predict(bs, bs, kv)))
         accept_lens = torch.zeros(bs, dtype=torch.int64)
         stats.finish(verify_lens, accept_lens, fallback)
         stats.plain_decode = True
         self.counters.add(stats)
         if self.metrics is not None:
             self._observe_metrics(stats, committed, conf)
-        if fallback is None:
-            # l = 0 everywhere teaches the calibration nothing, but the policy learns the step time
-            self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
-                                            step_time_s=stats.verify_s, kv_lens=committed))
+        # A plain decode step is not a verify step: it must not refine the verify cost model (the gate above keeps
+        # its own ratio), and l = 0 everywhere teaches the calibration nothing.
         if self.trace is not None and fallback is None and conf_logits is not None:
             self.trace.write(committed, conf, conf_logits, verify_lens, accept_lens, stats)
         self.step_index += 1
         next_tokens = torch.zeros(bs, self.stride, dtype=torch.int64, device=self.device)
         next_tokens[:, 0] = tokens.to(self.device)
         one = torch.ones(bs, dtype=torch.int32, device=self.device)
+        logits_output = LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
+            record_verify_lens=self.options.record_verify_lens))
+        if want_logprob:
+            first_of_chain = torch.arange(bs, device=self.device) * self.stride
+            self._attach_logprobs(batch, logits_output, res.logits_output.next_token_logits, first_of_chain,
+                                  next_tokens)
         return GenerationBatchResult(
-            logits_output=LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
-                record_verify_lens=self.options.record_verify_lens)),
+            logits_output=logits_output,
             next_token_ids=next_tokens.flatten(), accept_lens=one,
             cap_lens=torch.zeros(bs, dtype=torch.int32, device=self.device),
             new_seq_lens=(committed + 1).to(self.device),
@@ -318,6 +338,21 @@ class DSparkExtWorker(BaseSpecWorker):
                                              _next_streak(state.zero_streak, verify_lens)),
             speculative_num_draft_tokens=self.stride, can_run_cuda_graph=res.can_run_cuda_graph,
         )
+
+    def _attach_logprobs(self, batch, logits_output, row_logits, dense_rows, next_tokens) -> None:
+        """Logprobs of the committed tokens in SGLang's speculative layout ([bs, stride] rows, token (b, j) scored by
+        the target logits that produced it), so return_logprob / top_logprobs_num / token_ids_logprob work with
+        speculation on. row_logits [T, V] are the raw target logits of the T verified positions, dense_rows [T]
+        their flat index b * stride + j."""
+        from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+
+        bs = len(batch.reqs)
+        dense = torch.zeros(bs * self.stride, row_logits.shape[-1], dtype=torch.float32, device=row_logits.device)
+        dense[dense_rows] = row_logits.float()
+        logits_output.next_token_logits = dense
+        batch.return_logprob = True  # the rewrite cleared it for the target forward; the scheduler restores it
+        compute_spec_logprobs(batch, logits_output, next_tokens.flatten().to(dense.device), chain_stride=self.stride)
+        logits_output.next_token_logits = None
 
     def _observe_metrics(self, stats: StepStats, committed: torch.Tensor, conf) -> None:
         bs, verified = stats.batch_size, sum(stats.verify_lens)

@@ -1,8 +1,8 @@
 """Greedy losslessness of DSPARK_EXT (fp32): speculation must give token-identical output to the no-spec server.
 
 Runs (each a server; two at a time to save wall time; each run: start, query, stop):
-  tiny target (random weights, real attention) + random drafter: controller `dspark`, `random:4` (uniform
-    ragged verify lengths) and `fixed:0` (every step takes the plain-decode fast path). The `dspark` run starts
+  tiny target (random weights, real attention) + random drafter: controllers `fixed:3`, `random:4` (uniform
+    ragged verify lengths) and `fixed:0` (every step takes the plain-decode fast path). The `fixed:3` run starts
     with SGLANG_DSPARK_INJECT_NAN_STEPS=3 and its FIRST request is a lone one: its first 3 decode steps must fall
     back to plain decoding (test 4) and still be lossless.
   bigram target + matching drafter: noise 0 under `fixed:4` (every draft right: tau > 2) and noise 0.5 under
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.integration.conftest import (GREEDY_TOKENS, NUM_PROMPTS, Server, dspark_args, generate, plain_args,
-                                        prompts)
+                                        post_json, prompts)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -32,12 +32,19 @@ def _greedy(n: int) -> dict:
     return {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
 
 
-def _run(server: Server, probe: bool) -> dict:
+LOGPROB_PROMPTS = PROMPTS[:6]
+
+
+def _run(server: Server, probe: bool, logprobs: bool = False) -> dict:
     with server:
         res = {"start_s": server.start_s}
         if probe:  # must be the very first request the server sees (the NaN steps count from server start)
             res["probe"] = generate(server, [PROMPTS[0]], _greedy(GREEDY_TOKENS))[0]
         res["batch"] = generate(server, PROMPTS, [_greedy(n) for n in MAX_NEW])
+        if logprobs:
+            res["logprobs"] = post_json(server.url + "/generate", {
+                "text": LOGPROB_PROMPTS, "sampling_params": _greedy(GREEDY_TOKENS), "return_logprob": True,
+                "top_logprobs_num": 2})
         return res
 
 
@@ -47,7 +54,7 @@ def runs(models, log_dir) -> dict:
     jobs = {
         "tiny_plain": (plain_args(t), None),
         # no draft skipping here: the NaN accounting (draft_steps == verify_steps - 3) must be exact
-        "tiny_dspark_nan": (dspark_args(t, models.tiny_drafter, "dspark", "--dspark-no-draft-skip"),
+        "tiny_dspark_nan": (dspark_args(t, models.tiny_drafter, "fixed:3", "--dspark-no-draft-skip"),
                             {"SGLANG_DSPARK_INJECT_NAN_STEPS": str(NAN_STEPS)}),
         "tiny_random4": (dspark_args(t, models.tiny_drafter, "random:4"), None),
         # every step verifies nothing: the plain-decode fast path for the whole run
@@ -59,7 +66,10 @@ def runs(models, log_dir) -> dict:
     servers = {name: Server(name, args, env, log_dir) for name, (args, env) in jobs.items()}
     pool = ThreadPoolExecutor(2)  # pairs in order: (tiny plain, dspark), (random4, bigram plain), ...
     try:
-        futures = {name: pool.submit(_run, srv, probe=name == "tiny_dspark_nan") for name, srv in servers.items()}
+        futures = {name: pool.submit(_run, srv, probe=name == "tiny_dspark_nan",
+                                     logprobs=name in ("tiny_plain", "tiny_random4", "tiny_fixed0", "bigram_plain",
+                                                       "bigram_exact_fixed4"))
+                   for name, srv in servers.items()}
         return {name: f.result() for name, f in futures.items()}
     finally:  # on a failure or ^C, do not start the remaining servers
         pool.shutdown(wait=True, cancel_futures=True)
@@ -108,6 +118,27 @@ def test_plain_decode_fast_path_is_lossless(runs):
         assert rec["verified"] == 0 and rec["accepted"] == 0, rec
         assert rec["verify_steps"] == n - 1, rec  # one decode step per token after the prefill token
         assert rec["draft_steps"] == rec["verify_steps"], rec
+
+
+@pytest.mark.parametrize("name,plain_name", [("tiny_random4", "tiny_plain"), ("tiny_fixed0", "tiny_plain"),
+                                             ("bigram_exact_fixed4", "bigram_plain")])
+def test_logprobs_with_speculation_equal_plain_decoding(runs, name, plain_name):
+    """return_logprob + top_logprobs_num work with DSPARK_EXT (SGLang's builtin DSPARK rejects them): every
+    committed token - accepted draft (the exact bigram drafter's are all accepted), bonus, or plain-decode token -
+    carries the target's logprob and top-2, as without speculation."""
+    spec, plain = runs[name]["logprobs"], runs[plain_name]["logprobs"]
+    for i, (s, p) in enumerate(zip(spec, plain)):
+        assert s["output_ids"] == p["output_ids"], i
+        ms, mp = s["meta_info"], p["meta_info"]
+        assert len(ms["output_token_logprobs"]) == len(mp["output_token_logprobs"]) == GREEDY_TOKENS
+        for k, (a, b) in enumerate(zip(ms["output_token_logprobs"], mp["output_token_logprobs"])):
+            assert a[1] == b[1], (i, k)
+            assert a[0] == pytest.approx(b[0], abs=1e-3), (i, k, a, b)
+        for k, (a, b) in enumerate(zip(ms["output_top_logprobs"], mp["output_top_logprobs"])):
+            assert [t[1] for t in a] == [t[1] for t in b], (i, k)
+            assert [t[0] for t in a] == pytest.approx([t[0] for t in b], abs=1e-3), (i, k)
+    if name == "bigram_exact_fixed4":
+        assert sum(r["meta_info"]["dspark"]["accepted"] for r in spec) > 0
 
 
 def test_random4_verify_lengths_are_ragged(runs):

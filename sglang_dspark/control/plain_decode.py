@@ -1,0 +1,52 @@
+"""Plain decode vs ragged verify: the whole-batch choice that keeps speculation from costing more than none.
+
+When every l_r = 0 the worker runs SGLang's plain decode forward, which is cheaper than a ragged verify forward
+over the same R tokens (no EXTEND path, one logits row per request). The verify cost model only knows verify steps,
+so it cannot see that gap. PlainDecodeGate learns it online as rho = measured plain step / predicted verify step at
+T = R (EWMA), and replaces a verify plan whose expected goodput is below plain decoding's:
+
+    sum_r E_r(l_r) / t(R + sum l, R, K)   <   R / (rho * t(R, R, K))      ->   every l_r = 0
+
+with E_r(l) = 1 + sum_{j<l} a[r, j] (bonus token included). Lossless: the decision reads confidences only, never
+the target's check of the drafts. Until a plain step has been measured rho is unknown and the plan stands.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import survival
+
+RHO_BOUNDS = (0.05, 2.0)  # a measured ratio outside this is a hiccup (GC, first-call compile), not the engine
+
+
+class PlainDecodeGate:
+    def __init__(self, rate: float = 0.2):
+        self.rate = rate
+        self.rho: float | None = None
+        self.overrides = 0  # verify plans replaced by plain decoding (for logs and tests)
+
+    def observe_plain(self, measured_s: float, predicted_verify_s: float) -> None:
+        if measured_s <= 0 or predicted_verify_s <= 0:
+            return
+        ratio = measured_s / predicted_verify_s
+        if not RHO_BOUNDS[0] <= ratio <= RHO_BOUNDS[1]:
+            return
+        self.rho = ratio if self.rho is None else (1 - self.rate) * self.rho + self.rate * ratio
+
+    def expected_goodput(self, lengths: torch.Tensor, conf: torch.Tensor, cost_model, kv_tokens: int) -> float:
+        surv = survival(conf)
+        take = torch.arange(conf.shape[1]).view(1, -1) < lengths.view(-1, 1)
+        tokens = lengths.numel() + float((surv * take).sum())
+        return tokens / float(cost_model.predict(int(lengths.numel() + lengths.sum()), lengths.numel(), kv_tokens))
+
+    def choose(self, lengths: torch.Tensor, conf: torch.Tensor, cost_model, kv_tokens: int) -> torch.Tensor:
+        """lengths Long[R] from the policy, conf Float[R, G] calibrated confidences -> lengths or all zeros."""
+        if self.rho is None or cost_model is None or int(lengths.sum()) == 0:
+            return lengths
+        R = lengths.numel()
+        plain = R / (self.rho * float(cost_model.predict(R, R, kv_tokens)))
+        if plain > self.expected_goodput(lengths, conf.cpu().float(), cost_model, kv_tokens):
+            self.overrides += 1
+            return torch.zeros_like(lengths)
+        return lengths

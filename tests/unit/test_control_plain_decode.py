@@ -1,0 +1,34 @@
+"""PlainDecodeGate: a verify plan is replaced by plain decoding exactly when plain decoding's goodput is higher."""
+
+import torch
+
+from sglang_dspark.control import EngineCostModel, PlainDecodeGate
+
+
+def _cost():  # 10 ms + 1 ms per token in the forward
+    return EngineCostModel(coef=(0.010, 0.001, 0.0, 0.0))
+
+
+def test_no_override_before_a_plain_step_was_measured():
+    gate = PlainDecodeGate()
+    lengths = torch.tensor([2, 0])
+    assert torch.equal(gate.choose(lengths, torch.full((2, 4), 0.1), _cost(), 0), lengths)
+
+
+def test_override_follows_the_goodput_comparison():
+    cost, gate = _cost(), PlainDecodeGate()
+    gate.observe_plain(measured_s=0.006, predicted_verify_s=0.012)  # plain steps cost half a verify step
+    assert abs(gate.rho - 0.5) < 1e-9
+    lengths = torch.tensor([3, 3])
+    # plain: 2 tokens / (0.5 * 12 ms) = 333 tok/s; verify T=8: 20 ms
+    weak = torch.full((2, 4), 0.5)  # E = 2 * (1 + .5 + .25 + .125) = 3.75 -> 187 tok/s: plain wins
+    assert torch.equal(gate.choose(lengths, weak, cost, 0), torch.zeros(2, dtype=torch.long))
+    strong = torch.full((2, 4), 0.99)  # E = 2 * (1 + ~2.94) = 7.88 -> 394 tok/s: the plan stands
+    assert torch.equal(gate.choose(lengths, strong, cost, 0), lengths)
+    assert gate.overrides == 1
+
+
+def test_outlier_ratios_are_ignored():
+    gate = PlainDecodeGate()
+    gate.observe_plain(5.0, 0.01)  # a 500x step is a hiccup, not the engine
+    assert gate.rho is None
