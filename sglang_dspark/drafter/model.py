@@ -261,14 +261,19 @@ class DSparkDraftModel(nn.Module):
         return self.confidence_head(h, emb).float()
 
     @torch.no_grad()
-    def propose(self, anchor, anchor_pos, ctx_k, ctx_v, ctx_valid, temperature, generator=None) -> Proposal:
+    def propose(self, anchor, anchor_pos, ctx_k, ctx_v, ctx_valid, temperature, generator=None,
+                sampler: str = "auto") -> Proposal:
         """One draft round for R requests: anchor/anchor_pos [R], temperature [R] (0 => greedy).
-        Markov-corrected tokens are sampled left to right, each fed back as the next `prev` (reference §1.6)."""
+        Markov-corrected tokens are sampled left to right, each fed back as the next `prev` (reference §1.6).
+        sampler: "auto" = the Triton Markov sampler (kernels/) for a vanilla head on CUDA, this torch loop
+        otherwise; "triton" / "torch" force one (tests)."""
         block_ids, block_pos = self.block_inputs(anchor, anchor_pos)
         h = self.backbone(block_ids, block_pos, ctx_k, ctx_v, ctx_valid)
         base = self.lm_head(h).float()
         R, B, V = base.shape
         temperature = temperature.to(device=h.device, dtype=torch.float32)
+        if self._kernel_sampler(h, sampler):
+            return self._propose_with_kernel(h, base, anchor.long(), temperature, generator)
         greedy = temperature < GREEDY_TEMPERATURE
         tokens = torch.empty(R, B, dtype=torch.long, device=h.device)
         logits = torch.empty(R, B, V, dtype=torch.float32, device=h.device)
@@ -287,6 +292,28 @@ class DSparkDraftModel(nn.Module):
                 tok = torch.where(greedy, tok, sampled)
             logits[:, k], tokens[:, k], prev = lk, tok, tok
         return Proposal(tokens=tokens, logits=logits, conf_logits=conf)
+
+    def _kernel_sampler(self, h: torch.Tensor, sampler: str) -> bool:
+        if sampler == "torch" or self.markov_head is None or self.markov_head.head_type != "vanilla":
+            return False
+        if sampler == "triton":
+            return True
+        try:
+            from kernels._rng import HAS_TRITON
+        except ImportError:
+            return False
+        return HAS_TRITON and h.is_cuda
+
+    def _propose_with_kernel(self, h, base, anchor, temperature, generator) -> Proposal:
+        from kernels import markov_sample
+
+        R = base.shape[0]
+        seeds = torch.randint(0, 2**62, (R,), generator=generator, device=generator.device if generator else "cpu")
+        w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+        out = markov_sample(base, w1, w2, anchor, temperature, seeds.to(h.device), return_logits=True,
+                            backend="triton")
+        prev = torch.cat([anchor[:, None], out.tokens[:, :-1]], dim=1)
+        return Proposal(tokens=out.tokens, logits=out.logits, conf_logits=self.confidence_logits(h, prev))
 
     @torch.no_grad()
     def propose_from_hidden(self, anchor, anchor_pos, target_hidden, ctx_positions, ctx_valid, temperature,

@@ -232,3 +232,24 @@ def test_forward_train_vocab_subset_equals_full_columns(head):
     sub, conf_sub, _, _ = model.forward_train(ids, hid, lm, anchors, keep, vocab)
     torch.testing.assert_close(sub, full[..., vocab], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(conf_sub, conf)
+
+
+def test_propose_with_triton_sampler_equals_torch_loop_when_greedy():
+    """The CUDA path of propose (Triton Markov sampler, interpreter here) gives the torch loop's greedy tokens,
+    logits and confidences."""
+    import os
+
+    from kernels._rng import HAS_TRITON
+
+    if not HAS_TRITON or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"):
+        pytest.skip("needs triton (and TRITON_INTERPRET=1 without CUDA; tests/conftest.py sets it)")
+    model = make_model(rank=8, head="vanilla")
+    hid, k, v = context(model, S=10)
+    anchor, pos = torch.tensor([5]), torch.tensor([10])
+    valid = torch.ones(1, 10, dtype=torch.bool)
+    temp = torch.zeros(1)
+    ref = model.propose(anchor, pos, k, v, valid, temp, sampler="torch")
+    got = model.propose(anchor, pos, k, v, valid, temp, sampler="triton")
+    assert torch.equal(got.tokens, ref.tokens)
+    torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.conf_logits, ref.conf_logits, rtol=1e-4, atol=1e-4)
