@@ -9,7 +9,7 @@ from .factory import make_policy
 from .fixed import FixedPolicy
 from .oracle import OraclePolicy
 from .plain_decode import PlainDecodeGate
-from .sla import SlaResult, apply_sla
+from .sla import SlaResult, apply_sla, unmet_floors
 from .sps_topk import SpsTopKPolicy
 from .threshold import ThresholdPolicy
 
@@ -33,4 +33,5 @@ __all__ = [
     "fit_sts_grid",
     "make_policy",
     "survival",
+    "unmet_floors",
 ]

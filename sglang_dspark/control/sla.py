@@ -41,6 +41,15 @@ def apply_sla(
         need = floors / float(cost_model.sps(int(t_hi), num_rows, kv_tokens))  # tokens/step each floor needs
         required = (expected[:, :gamma] < need.unsqueeze(1)).sum(1)  # smallest l with E(l) >= need (<= G)
         lengths = torch.where(floored, torch.maximum(lengths, required), lengths)
+    unsatisfied, user_tps = unmet_floors(lengths, surv, min_user_tps, kv_tokens, cost_model)
+    return SlaResult(lengths=lengths, unsatisfied=unsatisfied, expected_user_tps=user_tps)
+
+
+def unmet_floors(lengths: torch.Tensor, surv: torch.Tensor, min_user_tps: torch.Tensor, kv_tokens: int, cost_model):
+    """For any policy's lengths: (Bool[R] floored requests whose expected tokens/s at the realised step is below
+    their floor, Float[R] that expected rate)."""
+    num_rows = surv.shape[0]
+    floors = torch.nan_to_num(min_user_tps.double().to(surv.device), nan=0.0)
     realised_sps = float(cost_model.sps(int(num_rows + lengths.sum()), num_rows, kv_tokens))
-    user_tps = expected.gather(1, lengths.unsqueeze(1)).squeeze(1) * realised_sps
-    return SlaResult(lengths=lengths, unsatisfied=floored & (user_tps < floors), expected_user_tps=user_tps)
+    user_tps = expected_tokens_per_step(surv).gather(1, lengths.long().unsqueeze(1)).squeeze(1) * realised_sps
+    return (floors > 0) & (user_tps < floors), user_tps

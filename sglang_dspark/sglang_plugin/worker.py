@@ -25,7 +25,8 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
-from sglang_dspark.control import BatchContext, CalibrationMonitor, PlainDecodeGate, StepOutcome, make_policy
+from sglang_dspark.control import (BatchContext, CalibrationMonitor, PlainDecodeGate, StepOutcome, make_policy,
+                                   survival, unmet_floors)
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key
@@ -220,14 +221,15 @@ class DSparkExtWorker(BaseSpecWorker):
                                min_user_tps=request_floors(batch.reqs, self.options.min_user_tps))
             policy = self.profile_policy if self.costs.profiling else self.policy
             verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
-            if ctx.min_user_tps is not None:
-                stats.sla_floored = int((ctx.min_user_tps > 0).sum())
-                unsatisfied = getattr(policy, "last_unsatisfied", None)
-                stats.sla_unsatisfied = 0 if unsatisfied is None else int(unsatisfied.sum())
             verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
             verify_lens = self._restrict(batch, verify_lens)
             if self.plain_gate is not None and not self.costs.profiling:
                 verify_lens = self.plain_gate.choose(verify_lens, conf, self.cost_model, int(committed.sum()))
+            if ctx.min_user_tps is not None:  # whatever the policy: say when a floor is out of reach this step
+                unmet, _ = unmet_floors(verify_lens, survival(conf.cpu()), ctx.min_user_tps, int(committed.sum()),
+                                        self.cost_model)
+                stats.sla_floored = int((torch.nan_to_num(ctx.min_user_tps, nan=0.0) > 0).sum())
+                stats.sla_unsatisfied = int(unmet.sum())
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
 

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +137,8 @@ def generate(base_url: str, i: int, max_new_tokens: int) -> dict:
     sampled = i % 2 == 1  # half greedy (prefix match), half sampled (rejection sampling)
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": True,
               "temperature": 0.8 if sampled else 0.0, "top_p": 0.95 if sampled else 1.0}
+    if i % 4 == 2:  # a per-request SLA floor no CPU step can meet: floored and unmet counters both move
+        params["custom_params"] = {"dspark_min_user_tps": 1e6}
     body = {"text": f"{MARKER} request {i}: the cat sat on", "sampling_params": params}
     out = http_json(f"{base_url}/generate", body)
     return {"text": out["text"], "record": out["meta_info"].get("dspark"), "n": max_new_tokens, "stream": False}
@@ -252,6 +255,17 @@ def test_every_dashboard_expression_returns_data(run, prometheus, server):
         time.sleep(3 * SCRAPE_S)
         failures = _dashboard_failures(prometheus, run["t0"], time.time())
     assert not failures, "dashboard expressions without data:\n" + "\n".join(failures)
+
+
+def test_sla_floor_from_the_request_is_counted_and_bad_values_are_400(run, server):
+    final = metric_values(run["metrics_final"])
+    assert final["sglang:dspark_sla_floored_request_steps_total"] > 0
+    assert final["sglang:dspark_sla_unsatisfied_request_steps_total"] > 0
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 2, "custom_params": {"dspark_min_user_tps": -3}}}
+    with pytest.raises(urllib.error.HTTPError) as err:
+        http_json(f"{server.base_url}/generate", body)
+    assert err.value.code == 400
+    assert "dspark_min_user_tps" in err.value.read().decode()
 
 
 def test_metrics_carry_no_prompt_or_completion_text(run):
