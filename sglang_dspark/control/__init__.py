@@ -4,6 +4,7 @@ from .base import BatchContext, StepOutcome, VerifyLengthPolicy, survival
 from .calibration import CalibrationMonitor, fit_sts_grid
 from .cost_model import CostSample, EngineCostModel
 from .dspark import DSparkPolicy, algorithm1
+from .draft_skip import probe_due
 from .dspark_async import DSparkAsyncPolicy
 from .factory import make_policy
 from .fixed import FixedPolicy
@@ -32,6 +33,7 @@ __all__ = [
     "apply_sla",
     "fit_sts_grid",
     "make_policy",
+    "probe_due",
     "survival",
     "unmet_floors",
 ]

@@ -26,7 +26,7 @@ from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_dspark.control import (BatchContext, CalibrationMonitor, PlainDecodeGate, StepOutcome, make_policy,
-                                   survival, unmet_floors)
+                                   probe_due, survival, unmet_floors)
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key
@@ -48,7 +48,7 @@ from sglang_dspark.verify.target_dist import process_logits, target_probs
 logger = logging.getLogger(__name__)
 
 
-DRAFT_PROBE_EVERY = 4  # a request skipped for drafting is re-probed every this many steps
+DRAFT_PROBE_FIRST, DRAFT_PROBE_MAX_GAP = 4, 32  # draft skipping: re-probe after 4, 8, 16, 32, 64, 96... steps
 GATED_CONTROLLERS = ("dspark", "dspark-async", "sps-topk")
 
 
@@ -185,7 +185,7 @@ class DSparkExtWorker(BaseSpecWorker):
         streak = state.zero_streak
         if not self.options.draft_skip:
             return torch.arange(len(streak))
-        return torch.nonzero((streak == 0) | (streak % DRAFT_PROBE_EVERY == 0)).view(-1)
+        return torch.nonzero(probe_due(streak, DRAFT_PROBE_FIRST, DRAFT_PROBE_MAX_GAP)).view(-1)
 
     def _decode(self, batch) -> GenerationBatchResult:
         bs = len(batch.reqs)
