@@ -14,23 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the k
 
 from kernels import kv_indptr_from_lens, ragged_verify_attention_reference  # noqa: E402
 from kernels._rng import HAS_TRITON  # noqa: E402
+from tests.kernel_checks import device_or_skip  # noqa: E402
 from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER, pad_verify_layout  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_KERNEL = None
 if HAS_TRITON:
     from kernels import ragged_verify_attention_triton  # noqa: E402
     from kernels.flashinfer_verify import _ragged_verify_attn_kernel as _KERNEL  # noqa: E402
-
-
-def _device_or_skip(device: str) -> None:
-    if not HAS_TRITON:
-        pytest.skip("triton is not importable")
-    if device == "cpu" and not INTERPRET:
-        pytest.skip("CPU case needs TRITON_INTERPRET=1 (disabled because CUDA is present)")
-    if device == "cpu" and type(_KERNEL).__name__ != "InterpretedFunction":
-        pytest.skip("kernels/ was imported before TRITON_INTERPRET=1 was set; run this file on its own")
-    if device == "cuda" and (not torch.cuda.is_available() or INTERPRET):
-        pytest.skip("no CUDA device (or the interpreter is forced on)")
 
 
 def _layout(chain_lens, prefix_lens, H, Hkv, hd, page_size, dtype, device, seed=0, spare_pages=3):
@@ -61,7 +51,7 @@ CASES = [  # chain lengths (anchor + drafts; 0 = padding slot), prefix lengths
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("page_size,dtype", [(1, torch.float32), (4, torch.float32), (8, torch.bfloat16)])
 def test_triton_matches_reference(device, case, page_size, dtype):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     chains, prefixes = CASES[case]
     args = _layout(chains, prefixes, 4, 2, 32, page_size, dtype, device, seed=case)
     got = ragged_verify_attention_triton(*args)
@@ -151,7 +141,7 @@ def test_flashinfer_cuda_graph_matches_reference():
 
 @pytest.mark.gpu
 def test_cuda_large_triton_matches_reference():
-    _device_or_skip("cuda")
+    device_or_skip("cuda", _KERNEL)
     chains = [8] * 32
     prefixes = [int(x) for x in torch.randint(1, 3000, (32,), generator=torch.Generator().manual_seed(0))]
     args = _layout(chains, prefixes, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=4)

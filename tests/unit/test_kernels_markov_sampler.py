@@ -1,6 +1,5 @@
 """Markov sampler kernel vs its torch reference (CPU: Triton interpreter; CUDA: compiled, when present)."""
 
-import math
 import os
 import sys
 from pathlib import Path
@@ -16,27 +15,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the k
 
 from kernels import markov_sample, markov_sample_reference  # noqa: E402
 from kernels._rng import HAS_TRITON  # noqa: E402
+from tests.kernel_checks import chi2_critical, device_or_skip  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_KERNEL = None
 if HAS_TRITON:
     from kernels import markov_sample_triton  # noqa: E402
     from kernels.markov_sampler import _markov_step_kernel as _KERNEL  # noqa: E402
-
-
-def _device_or_skip(device: str) -> None:
-    if not HAS_TRITON:
-        pytest.skip("triton is not importable")
-    if device == "cpu" and not INTERPRET:
-        pytest.skip("CPU case needs TRITON_INTERPRET=1 (disabled because CUDA is present)")
-    if device == "cpu" and type(_KERNEL).__name__ != "InterpretedFunction":
-        pytest.skip("kernels/ was imported before TRITON_INTERPRET=1 was set; run this file on its own")
-    if device == "cuda" and (not torch.cuda.is_available() or INTERPRET):
-        pytest.skip("no CUDA device (or the interpreter is forced on)")
-
-
-def _chi2_critical(df: int, z: float = 3.09) -> float:
-    """Wilson-Hilferty upper quantile of chi-square (z = 3.09: alpha = 1e-3)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
@@ -78,7 +62,7 @@ def _assert_same(a, b, exact_tokens=True):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("gamma", [1, 4, 7])
 def test_triton_matches_reference(device, gamma):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     args = _problem(8, gamma, 64, 16, torch.float32, device, seed=gamma)
     got = markov_sample_triton(*args, return_logits=True, block_v=32)
     ref = markov_sample_reference(*args, return_logits=True)
@@ -90,7 +74,7 @@ def test_triton_matches_reference(device, gamma):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_triton_bf16_odd_shapes(device):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     # R not a multiple of the request tile, V not a multiple of the vocab tile, rank not a power of two
     args = _problem(5, 3, 50, 24, torch.bfloat16, device, seed=11)
     got = markov_sample_triton(*args, block_v=16)
@@ -103,7 +87,7 @@ def test_triton_bf16_odd_shapes(device):
 @pytest.mark.parametrize("programs_v", [1, 3, 7])
 def test_triton_vocab_split_across_programs(device, programs_v):
     """V = 100 in 7 tiles of 16 (last one ragged), split over 1 / 3 / 7 programs: partials combine exactly."""
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     args = _problem(20, 3, 100, 16, torch.float32, device, seed=13)
     got = markov_sample_triton(*args, return_logits=True, block_r=16, block_v=16, programs_v=programs_v)
     ref = markov_sample_reference(*args, return_logits=True)
@@ -113,7 +97,7 @@ def test_triton_vocab_split_across_programs(device, programs_v):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_triton_greedy_ties_pick_the_lowest_id(device):
     """Greedy rows with exact ties across vocabulary tiles / programs: the lowest token id, as torch.argmax."""
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     R, G, V, rank = 4, 2, 64, 16
     U = torch.zeros(R, G, V)
     U[:, :, [5, 21, 40, 63]] = 3.0  # equal maxima in tiles 0, 1, 2, 3
@@ -161,7 +145,7 @@ def _exact_chain_distributions(U, w1, w2, anchor, temp):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_triton_sampling_distribution_chi_square(device):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     V, rank, draws, temp = 8, 16, 1024, 0.9
     gen = torch.Generator().manual_seed(5)
     U1 = torch.randn(2, V, generator=gen)
@@ -178,7 +162,7 @@ def test_triton_sampling_distribution_chi_square(device):
     tokens = out.tokens.cpu()
     for k, p in ((0, p0), (1, p1)):
         stat, df = _chi2(torch.bincount(tokens[:, k], minlength=V), p)
-        assert stat < _chi2_critical(df), f"position {k}: chi2 {stat:.1f} over df {df}"
+        assert stat < chi2_critical(df), f"position {k}: chi2 {stat:.1f} over df {df}"
     # the returned draft probability is the exact conditional probability of the sampled token
     torch.testing.assert_close(out.token_probs[:, 0].cpu().double(), p0[tokens[:, 0]], rtol=1e-4, atol=1e-6)
 
@@ -197,7 +181,7 @@ def test_reference_sampling_distribution_chi_square_many_draws():
     joint = (p0[:, None] * p1_given).flatten()  # p(x0 = a, x1 = b)
     cells = out.tokens[:, 0] * V + out.tokens[:, 1]
     stat, df = _chi2(torch.bincount(cells, minlength=V * V), joint)
-    assert stat < _chi2_critical(df), f"joint chi2 {stat:.1f} over df {df}"
+    assert stat < chi2_critical(df), f"joint chi2 {stat:.1f} over df {df}"
 
 
 def test_dispatcher_reasons_and_other_heads():
@@ -232,7 +216,7 @@ def test_dispatcher_reasons_and_other_heads():
 
 @pytest.mark.gpu
 def test_cuda_full_vocab_matches_reference():
-    _device_or_skip("cuda")
+    device_or_skip("cuda", _KERNEL)
     args = _problem(16, 7, 151936, 256, torch.bfloat16, "cuda", seed=1, scale=3.0)
     got = markov_sample(*args, return_logits=True)
     assert got.backend == "triton"

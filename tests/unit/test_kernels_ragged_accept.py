@@ -14,27 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the k
 
 from kernels import ragged_accept, ragged_accept_reference  # noqa: E402
 from kernels._rng import HAS_TRITON  # noqa: E402
+from tests.kernel_checks import chi2_critical, device_or_skip  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_KERNEL = None
 if HAS_TRITON:
     from kernels import ragged_accept_triton  # noqa: E402
     from kernels.ragged_accept import _ragged_accept_kernel as _KERNEL  # noqa: E402
-
-
-def _device_or_skip(device: str) -> None:
-    if not HAS_TRITON:
-        pytest.skip("triton is not importable")
-    if device == "cpu" and not INTERPRET:
-        pytest.skip("CPU case needs TRITON_INTERPRET=1 (disabled because CUDA is present)")
-    if device == "cpu" and type(_KERNEL).__name__ != "InterpretedFunction":
-        pytest.skip("kernels/ was imported before TRITON_INTERPRET=1 was set; run this file on its own")
-    if device == "cuda" and (not torch.cuda.is_available() or INTERPRET):
-        pytest.skip("no CUDA device (or the interpreter is forced on)")
-
-
-def _chi2_critical(df: int, z: float = 3.09) -> float:
-    """Wilson-Hilferty upper quantile of chi-square (z = 3.09: alpha = 1e-3)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 def _batch(verify_lens, G, V, temps, device, seed=0, match=0.7):
@@ -79,7 +64,7 @@ MIXED_TEMPS = [0.0, 1.0, 0.8, 0.0, 1.3, 1.0, 0.0, 0.6]
 @pytest.mark.parametrize("gamma,lens", [(1, [0, 1, 1, 0, 1, 1, 0, 1]), (4, [0, 4, 2, 4, 1, 3, 4, 0]),
                                         (7, [7, 0, 5, 7, 2, 7, 1, 6])])
 def test_triton_matches_reference_mixed_batch(device, gamma, lens):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     args, targets = _batch(lens, gamma, 48, MIXED_TEMPS, device, seed=gamma)
     a, out = ragged_accept_triton(*args, **targets, block_v=16)
     a_ref, out_ref = ragged_accept_reference(*args, **targets)
@@ -90,7 +75,7 @@ def test_triton_matches_reference_mixed_batch(device, gamma, lens):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_triton_greedy_only_needs_argmax(device):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     lens = [3, 0, 5, 5, 1]
     args, t = _batch(lens, 5, 32, [0.0] * 5, device, seed=2)
     a, out = ragged_accept_triton(*args, target_argmax=t["target_argmax"])
@@ -109,7 +94,7 @@ def test_triton_greedy_only_needs_argmax(device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_triton_greedy_kernel_many_requests(device):
     """The single-launch greedy path over more requests than one program's tile (block 16 -> 3 programs)."""
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     gen = torch.Generator().manual_seed(4)
     lens = [int(x) for x in torch.randint(0, 4, (37,), generator=gen)]
     args, t = _batch(lens, 3, 24, [0.0] * 37, device, seed=4, match=0.8)
@@ -122,7 +107,7 @@ def test_triton_greedy_kernel_many_requests(device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_triton_bonus_split_over_vocab_chunks(device, splits):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     args, targets = _batch([4, 0, 2, 4, 1, 3], 4, 100, [1.0, 0.7, 0.0, 1.3, 1.0, 0.9], device, seed=9)
     a, out = ragged_accept_triton(*args, **targets, block_v=16, splits=splits)
     a_ref, out_ref = ragged_accept_reference(*args, **targets)
@@ -131,7 +116,7 @@ def test_triton_bonus_split_over_vocab_chunks(device, splits):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_triton_sampled_only_with_probs(device):
-    _device_or_skip(device)
+    device_or_skip(device, _KERNEL)
     args, t = _batch([2, 4, 0, 3], 4, 40, [1.0, 0.7, 1.0, 1.6], device, seed=3, match=0.9)
     del t["target_argmax"]
     a, out = ragged_accept_triton(*args, **t)
@@ -162,7 +147,7 @@ def test_reference_rejection_sampling_preserves_target_distribution():
     first = out[:, 0]
     counts = torch.bincount(first, minlength=V).double()
     stat = (((counts - p.double() * draws) ** 2) / (p.double() * draws)).sum().item()
-    assert stat < _chi2_critical(V - 1), f"chi2 {stat:.1f}"
+    assert stat < chi2_critical(V - 1), f"chi2 {stat:.1f}"
     # acceptance rate of one draft is sum_v min(p, q)
     expected_rate = torch.minimum(p, q).sum().item()
     assert abs(a.float().mean().item() - expected_rate) < 4 * math.sqrt(expected_rate / draws)
@@ -171,7 +156,7 @@ def test_reference_rejection_sampling_preserves_target_distribution():
 def test_triton_rejection_sampling_equals_reference_on_distribution_problem():
     """The kernel reproduces the reference draw for draw (same counter-based RNG), so the reference's
     distribution test above carries over; checked here on a slice of the same problem."""
-    _device_or_skip("cpu")
+    device_or_skip("cpu", _KERNEL)
     p, q, args, t = _one_step_problem(48, 6, seed=21)
     a, out = ragged_accept_triton(*args, **t)
     a_ref, out_ref = ragged_accept_reference(*args, **t)
@@ -193,7 +178,7 @@ def test_dispatcher_uses_torch_on_cpu_and_validates_layout():
 
 @pytest.mark.gpu
 def test_cuda_full_vocab_matches_reference():
-    _device_or_skip("cuda")
+    device_or_skip("cuda", _KERNEL)
     R, G, V = 64, 7, 151936
     lens = [int(x) for x in torch.randint(0, G + 1, (R,), generator=torch.Generator().manual_seed(0))]
     temps = [0.0 if r % 3 == 0 else 1.0 for r in range(R)]

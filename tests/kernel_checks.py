@@ -1,0 +1,29 @@
+"""Shared by the kernel test files: which device a case may run on, and the chi-square bound they test against."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def device_or_skip(device: str, kernel) -> None:
+    """Skip a case (with the reason) unless `kernel` (None: Triton missing) can run on `device`: CPU needs the
+    Triton interpreter, chosen before kernels/ was imported; CUDA needs a device and the interpreter off."""
+    if kernel is None:
+        pytest.skip("triton is not importable")
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("CPU case needs TRITON_INTERPRET=1 (disabled because CUDA is present)")
+    if device == "cpu" and type(kernel).__name__ != "InterpretedFunction":
+        pytest.skip("kernels/ was imported before TRITON_INTERPRET=1 was set; run this file on its own")
+    if device == "cuda" and (not torch.cuda.is_available() or INTERPRET):
+        pytest.skip("no CUDA device (or the interpreter is forced on)")
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty upper quantile of chi-square (z = 3.09: alpha = 1e-3)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
