@@ -228,7 +228,7 @@ class DSparkExtWorker(BaseSpecWorker):
             if ctx.min_user_tps is not None:  # whatever the policy: say when a floor is out of reach this step
                 unmet, _ = unmet_floors(verify_lens, survival(conf.cpu()), ctx.min_user_tps, int(committed.sum()),
                                         self.cost_model)
-                stats.sla_floored = int((torch.nan_to_num(ctx.min_user_tps, nan=0.0) > 0).sum())
+                stats.sla_floored = int((ctx.min_user_tps > 0).sum())  # NaN (no floor) compares False
                 stats.sla_unsatisfied = int(unmet.sum())
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
