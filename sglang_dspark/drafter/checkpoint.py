@@ -1,5 +1,5 @@
 """Load / save drafters in the DeepSpec layout: <dir>/config.json + model.safetensors (flat names, §2.3),
-optionally sts.json (our STS temperatures). embed_tokens / lm_head may be omitted from the file and supplied from
+optionally sts.json (our STS temperatures) and draft_vocab.safetensors (our reduced serving vocabulary). embed_tokens / lm_head may be omitted from the file and supplied from
 the target instead (they are frozen copies of the target's tensors)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import DSparkConfig
+from .draft_vocab import DRAFT_VOCAB_NAME, load_draft_vocab
 from .model import DSparkDraftModel
 from .sts import load_sts
 
@@ -43,9 +44,10 @@ def _read_tensors(path: str) -> dict[str, torch.Tensor]:
 
 def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = None,
                  target_lm_head: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
-                 device: str | torch.device = "cpu") -> DSparkDraftModel:
+                 device: str | torch.device = "cpu", draft_vocab: bool = True) -> DSparkDraftModel:
     """Build a DSparkDraftModel from a checkpoint directory, strictly.
 
+    draft_vocab: apply draft_vocab.safetensors when the directory has one (False: propose over all V).
     Shared tensors: the checkpoint's copy wins when present, else `target_embed` / `target_lm_head` ([V, d]).
     Raises DrafterConfigError for a bad config.json and DrafterCheckpointError naming the offending tensor.
     """
@@ -87,6 +89,9 @@ def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = No
         if len(temps) != config.block_size:
             raise DrafterCheckpointError(f"{sts_path}: {len(temps)} temperatures for block_size {config.block_size}")
         model.sts_temperatures = temps
+    vocab_path = os.path.join(path, DRAFT_VOCAB_NAME)
+    if draft_vocab and os.path.exists(vocab_path):
+        model.set_draft_vocab(load_draft_vocab(vocab_path, config.vocab_size))
     return model
 
 

@@ -131,9 +131,10 @@ class MarkovHead(nn.Module):
             self.joint_proj = nn.Linear(2 * r + d, 3 * r, bias=True)
 
     def step(self, h: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None = None,
-             vocab: torch.Tensor | None = None):
+             vocab: torch.Tensor | None = None, w2_rows: torch.Tensor | None = None):
         """One position: h [..., d] (final-normed), prev [...] token ids, rnn state [..., r] or None (= zeros).
-        Returns (logit correction [..., V] (or [..., len(vocab)] for a vocabulary subset), new state or None)."""
+        Returns (logit correction [..., V] (or [..., len(vocab)] for a vocabulary subset), new state or None).
+        w2_rows: markov_w2 rows already gathered for a fixed subset (the serving draft vocabulary)."""
         e = self.markov_w1(prev).to(h.dtype)
         if self.head_type == "vanilla":
             z = e
@@ -146,8 +147,9 @@ class MarkovHead(nn.Module):
             g = torch.sigmoid(a_g)
             state = g * state + (1 - g) * torch.tanh(a_c)
             z = torch.tanh(a_o)
-        w2 = self.markov_w2.weight if vocab is None else self.markov_w2.weight[vocab]
-        return F.linear(z, w2), state
+        if w2_rows is None:
+            w2_rows = self.markov_w2.weight if vocab is None else self.markov_w2.weight[vocab]
+        return F.linear(z, w2_rows), state
 
     def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Whole blocks at once: h [..., B, d], prev [..., B] -> correction [..., B, V] (or [..., B, len(vocab)])."""
@@ -174,8 +176,19 @@ class ConfidenceHead(nn.Module):
 @dataclass
 class Proposal:
     tokens: torch.Tensor  # [R, B] long: draft tokens d_1..d_B
-    logits: torch.Tensor  # [R, B, V] fp32: Markov-corrected logits, before temperature (the draft distribution q)
+    logits: torch.Tensor  # [R, B, V] fp32: Markov-corrected logits, before temperature (the draft distribution q);
+    #                       [R, B, len(vocab)] over `vocab` when the drafter runs a reduced draft vocabulary
     conf_logits: torch.Tensor  # [R, B] fp32: raw confidence logits (zeros without a confidence head)
+    vocab: torch.Tensor | None = None  # sorted token ids the columns of `logits` stand for (None: all V)
+
+    def dense_logits(self, vocab_size: int) -> torch.Tensor:
+        """[R, B, vocab_size] logits, -inf outside the draft vocabulary (q is exactly 0 there)."""
+        if self.vocab is None:
+            return self.logits
+        out = torch.full((*self.logits.shape[:2], vocab_size), float("-inf"), dtype=self.logits.dtype,
+                         device=self.logits.device)
+        out[..., self.vocab] = self.logits
+        return out
 
 
 class DSparkDraftModel(nn.Module):
@@ -192,6 +205,9 @@ class DSparkDraftModel(nn.Module):
         self.markov_head = MarkovHead(c) if c.markov_rank > 0 else None
         self.confidence_head = ConfidenceHead(c.confidence_in_features) if c.enable_confidence_head else None
         self.sts_temperatures: list[float] | None = None  # set by load_drafter when sts.json is present
+        self.draft_vocab: torch.Tensor | None = None  # reduced serving vocabulary (set_draft_vocab)
+        self._draft_lm_head: torch.Tensor | None = None
+        self._draft_w2: torch.Tensor | None = None
         self.init_weights()
 
     def init_weights(self, std: float = 0.02) -> None:
@@ -219,6 +235,18 @@ class DSparkDraftModel(nn.Module):
         return self.fc.weight.dtype
 
     # ------------------------------------------------------------------ serving API
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Propose only from the sorted token ids `ids` (drafter/draft_vocab.py); None restores all V.
+        The lm_head / markov_w2 rows are gathered once here, not per step. Call after moving the model."""
+        if ids is None:
+            self.draft_vocab = self._draft_lm_head = self._draft_w2 = None
+            return
+        dev = self.lm_head.weight.device
+        self.draft_vocab = ids.to(device=dev, dtype=torch.long)
+        self._draft_lm_head = self.lm_head.weight[self.draft_vocab].contiguous()
+        self._draft_w2 = (None if self.markov_head is None
+                          else self.markov_head.markov_w2.weight[self.draft_vocab].contiguous())
+
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """Concatenated target features [..., m*d] -> injected context [..., d] (fc then hidden_norm)."""
         return self.hidden_norm(self.fc(target_hidden.to(self._dtype)))
@@ -269,10 +297,11 @@ class DSparkDraftModel(nn.Module):
         otherwise; "triton" / "torch" force one (tests)."""
         block_ids, block_pos = self.block_inputs(anchor, anchor_pos)
         h = self.backbone(block_ids, block_pos, ctx_k, ctx_v, ctx_valid)
-        base = self.lm_head(h).float()
+        vocab = self.draft_vocab
+        base = (self.lm_head(h) if vocab is None else F.linear(h, self._draft_lm_head)).float()
         R, B, V = base.shape
         temperature = temperature.to(device=h.device, dtype=torch.float32)
-        if self._kernel_sampler(h, sampler):
+        if vocab is None and self._kernel_sampler(h, sampler):  # the kernel feeds column ids back as tokens
             return self._propose_with_kernel(h, base, anchor.long(), temperature, generator)
         greedy = temperature < GREEDY_TEMPERATURE
         tokens = torch.empty(R, B, dtype=torch.long, device=h.device)
@@ -282,16 +311,17 @@ class DSparkDraftModel(nn.Module):
         for k in range(B):
             lk = base[:, k]
             if self.markov_head is not None:
-                corr, state = self.markov_head.step(h[:, k], prev, state)
+                corr, state = self.markov_head.step(h[:, k], prev, state, w2_rows=self._draft_w2)
                 lk = lk + corr.float()
             conf[:, k] = self.confidence_logits(h[:, k], prev)
-            tok = lk.argmax(-1)
+            col = lk.argmax(-1)
             if not bool(greedy.all()):
                 probs = torch.softmax(lk / temperature.clamp_min(GREEDY_TEMPERATURE)[:, None], dim=-1)
                 sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-                tok = torch.where(greedy, tok, sampled)
+                col = torch.where(greedy, col, sampled)
+            tok = col if vocab is None else vocab[col]
             logits[:, k], tokens[:, k], prev = lk, tok, tok
-        return Proposal(tokens=tokens, logits=logits, conf_logits=conf)
+        return Proposal(tokens=tokens, logits=logits, conf_logits=conf, vocab=vocab)
 
     def _kernel_sampler(self, h: torch.Tensor, sampler: str) -> bool:
         if sampler == "torch" or self.markov_head is None or self.markov_head.head_type != "vanilla":

@@ -91,7 +91,8 @@ def speculative_generate(target: HFTarget, drafter, prompt_ids: list[int], max_n
         n = drafts.shape[0]
         verify_ids = torch.cat([torch.tensor([anchor], device=dev), drafts])[None]
         last, feats = target.forward(verify_ids, torch.arange(start, start + n + 1, device=dev)[None], cache)
-        a, bonus = verify_block(drafts, prop.logits[0], target.logits(last[0]), temperature, generator)
+        q_logits = prop.dense_logits(drafter.config.vocab_size)[0]
+        a, bonus = verify_block(drafts, q_logits, target.logits(last[0]), temperature, generator)
         accepted = drafts[:a].tolist()
         hit = [i for i, t in enumerate(accepted) if t in stop]
         if hit:  # a stop token among the accepted drafts ends the generation; no bonus

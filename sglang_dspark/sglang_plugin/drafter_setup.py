@@ -51,6 +51,7 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
         embed = embed[: cfg.vocab_size]
     if lm_head is not None:
         lm_head = lm_head[: cfg.vocab_size]
-    drafter = load_drafter(path, target_embed=embed, target_lm_head=lm_head, dtype=dtype, device=device)
+    drafter = load_drafter(path, target_embed=embed, target_lm_head=lm_head, dtype=dtype, device=device,
+                           draft_vocab=not options.full_draft_vocab)
     sts = load_sts(options.sts_path) if options.sts_path else drafter.sts_temperatures
     return drafter, sts

@@ -176,8 +176,10 @@ class DSparkExtWorker(BaseSpecWorker):
                 raise DrafterFailure("non-finite drafter output")
             tokens[a] = prop.tokens[:, :G]
             conf[a] = prop.conf_logits[:, :G]
-            logits = torch.zeros(bs, G, sub_logits.shape[-1], dtype=sub_logits.dtype, device=self.device)
-            logits[a] = sub_logits
+            if bool((draft_temps[a] > 0).any()):  # only sampled drafts need q; greedy ones are point masses
+                dense = prop.dense_logits(self.drafter.config.vocab_size)[:, :G]
+                logits = torch.zeros(bs, G, dense.shape[-1], dtype=dense.dtype, device=self.device)
+                logits[a] = dense
         return tokens, logits, conf, time.perf_counter() - t0
 
     def _draft_active(self, state: DSparkDraftState) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""python -m sglang_dspark.train {generate,capture,fit,calibrate} ... (each stage resumable)."""
+"""python -m sglang_dspark.train {generate,extra-text,capture,fit,calibrate,draft-vocab} ... (each stage resumable)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--no-resume", action="store_true")
     f.add_argument("--device", default=None)
 
+    from . import vocab
+
+    vocab.add_args(sub.add_parser("draft-vocab", help="reduced draft vocabulary from the assistant turns' tokens"))
+
     k = sub.add_parser("calibrate", help="fit STS on the held-out split; writes sts.json next to the drafter")
     k.add_argument("--cache", required=True)
     k.add_argument("--drafter", required=True, help="checkpoint dir (e.g. <run>/step_N)")
@@ -101,6 +105,9 @@ def main(argv: list[str] | None = None):
         return extra_text_run(args)
     if args.stage == "generate":
         from .generate import run
+        return run(args)
+    if args.stage == "draft-vocab":
+        from .vocab import run
         return run(args)
     if args.stage == "capture":
         from .capture import run_capture
