@@ -123,7 +123,10 @@ def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
             dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
         except (OSError, ValueError):
             dtype = "bfloat16"
-    return not cache_path(cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu")).exists()
+    chain = (_flag_value(argv, "--attention-backend") == "torch_native"
+             and "--dspark-sglang-verify-attention" not in argv)
+    key = cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu", "chain-sdpa" if chain else "sglang")
+    return not cache_path(key).exists()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,11 +24,14 @@ CACHE_DIR = Path(os.environ.get("SGLANG_DSPARK_CACHE", Path.home() / ".cache" / 
 PRIOR_COEF = (0.06, 0.004, 0.002, 2e-7)
 
 
-def cost_key(model_path: str, dtype: str, device: str) -> dict:
+def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "sglang") -> dict:
+    """verify_attention: which attention code runs verify forwards ("sglang" or "chain-sdpa"); it changes the
+    verify cost several-fold on a CPU, so a cost model profiled with one must not be reused for the other."""
     import sglang
 
     return {"model": os.path.abspath(model_path) if os.path.exists(model_path) else model_path,
-            "dtype": str(dtype), "device": str(device), "sglang_version": getattr(sglang, "__version__", "?")}
+            "dtype": str(dtype), "device": str(device), "sglang_version": getattr(sglang, "__version__", "?"),
+            "verify_attention": verify_attention}
 
 
 def cache_path(key: dict) -> Path:

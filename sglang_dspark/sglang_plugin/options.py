@@ -29,6 +29,7 @@ class DSparkOptions:
     plain_decode_fast_path: bool = True  # a step verifying nothing anywhere runs SGLang's plain decode forward
     record_verify_lens: bool = False  # opt-in per-step verify lengths in meta_info
     draft_dtype: str | None = None  # None: same as the target
+    chain_verify_attention: bool = True  # torch_native: verify attends only the chain's rows (verify_attention.py)
     full_draft_vocab: bool = False  # ignore draft_vocab.safetensors next to the drafter (A/B measurements)
 
     @classmethod
@@ -74,6 +75,8 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                    help="Always draft, even when the controller expects to verify nothing.")
     g.add_argument("--dspark-no-fast-path", dest="dspark_plain_decode_fast_path", action="store_false",
                    help="Run steps that verify nothing through the ragged verify path too (for A/B measurements).")
+    g.add_argument("--dspark-sglang-verify-attention", dest="dspark_chain_verify_attention", action="store_false",
+                   help="Run verify forwards through SGLang's own torch_native EXTEND attention (A/B measurements).")
     g.add_argument("--dspark-full-draft-vocab", action="store_true",
                    help="Draft over the full vocabulary even when the drafter ships draft_vocab.safetensors.")
     g.add_argument("--dspark-record-verify-lens", action="store_true",

@@ -35,6 +35,7 @@ from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.request_params import request_floors
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
+from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
 from sglang_dspark.sglang_plugin.verify_batch import rewrite_as_plain_decode, rewrite_as_verify_extend
 from sglang_dspark.verify import accept_greedy, accept_rejection
 from sglang_dspark.verify.result import AcceptResult, assemble_result
@@ -86,7 +87,9 @@ class DSparkExtWorker(BaseSpecWorker):
         self.calibration = CalibrationMonitor(self.gamma, online=self.options.online_calibration,
                                               temperatures=(sts or [1.0] * self.drafter.block_size)[: self.gamma])
         sa = server_args
-        self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device),
+        chain = self.options.chain_verify_attention and getattr(sa, "attention_backend", None) == "torch_native"
+        self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device,
+                                               "chain-sdpa" if chain else "sglang"),
                                       self.options.cost_model_path, self.options.profile_cost_model)
         self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
@@ -100,6 +103,7 @@ class DSparkExtWorker(BaseSpecWorker):
         trace_path = os.environ.get("SGLANG_DSPARK_TRACE_PATH")
         self.trace = StepTrace(trace_path) if trace_path else None
         self.step_index = 0
+        self._chain_verify_checked = False
         self.metrics = _create_metrics(server_args, self.gamma, self.options.controller)
         # Fault injection for tests: the first N decode steps get non-finite drafter output.
         self.inject_nan_steps = int(os.environ.get("SGLANG_DSPARK_INJECT_NAN_STEPS", "0"))
@@ -182,6 +186,15 @@ class DSparkExtWorker(BaseSpecWorker):
                 logits[a] = dense
         return tokens, logits, conf, time.perf_counter() - t0
 
+    def _verify_backend(self):
+        """The target's attention backend, switched (once) to chain-only verify attention where we have one."""
+        backend = self.model_runner.attn_backend
+        if not self._chain_verify_checked:
+            self._chain_verify_checked = True
+            if self.options.chain_verify_attention and install_chain_verify(backend):
+                logger.info("DSPARK_EXT: verify forwards use chain-only SDPA attention (torch_native backend)")
+        return backend
+
     def _draft_active(self, state: DSparkDraftState) -> torch.Tensor:
         """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps."""
         streak = state.zero_streak
@@ -245,8 +258,9 @@ class DSparkExtWorker(BaseSpecWorker):
         r2t = self.req_to_token_pool.req_to_token
         slots, positions, rows = rewrite_as_verify_extend(batch, r2t, anchors, drafts, verify_lens.to(self.device),
                                                           committed)
-        res = self.target_worker.forward_batch_generation(batch, is_verify=True,
-                                                          capture_hidden_mode=CaptureHiddenMode.FULL)
+        with verify_attention(self._verify_backend()):
+            res = self.target_worker.forward_batch_generation(batch, is_verify=True,
+                                                              capture_hidden_mode=CaptureHiddenMode.FULL)
         out = res.logits_output
         model = self.model_runner.model
         logits = model.logits_processor._get_logits(out.last_hidden_states, model.lm_head,

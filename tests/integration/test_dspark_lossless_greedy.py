@@ -213,3 +213,10 @@ def bigram_chain(models):
 
     return chain
 
+
+
+@pytest.mark.parametrize("name", ["tiny_dspark_nan", "tiny_random4", "bigram_exact_fixed4"])
+def test_verify_forwards_ran_chain_only_attention(runs, log_dir, name):
+    """The lossless runs above exercised our chain-only verify attention (torch_native backend), not SGLang's."""
+    log = (log_dir / f"{name}.log").read_text(errors="replace")
+    assert "verify forwards use chain-only SDPA attention" in log, f"{name}: chain verify attention not installed"
