@@ -12,14 +12,18 @@ only on drafts 0..j and the target's randomness at position j - never on how man
 verifying l drafts accepts exactly min(A, l) of them (greedy and rejection sampling alike, same random draws).
 
 Per (policy, concurrency c): `--steps` synthetic batches of c request-rows drawn from the pool (the same batches for
-every policy), l = policy.choose(conf, ctx), accepted = min(A, l), step time = verify cost model(T = sum(1 + l),
-R = c, K = sum kv) + draft time (d0 + d1 * requests drafted, fitted from the trace's draft_s; with --draft-skip
-requests with l = 0 this step cost no draft time - optimistic: the worker skips after a step with l = 0, re-probing).
+every policy), l = policy.choose(conf, ctx), accepted = min(A, l). The step is modelled the way the worker runs it:
+  * draft skipping (`--draft-skip probe`, the worker's default): each of the c batch slots keeps a streak of l = 0
+    steps; a slot not due for a probe (control/draft_skip.py) is not drafted for and its confidences are 0;
+  * the plain-decode gate (dspark, dspark-async, sps-topk, as in the worker) may turn a verify plan into plain
+    decoding; a step with l = 0 everywhere costs a plain decode step (fitted from the trace's plain steps, which
+    the worker marks) instead of a verify step;
+  * step time = verify (or plain) cost + draft time d0 + d1 * (requests drafted), fitted from the trace's draft_s.
 goodput = sum(accepted + 1) / sum(step time).
 The verify cost model is --cost-model (an EngineCostModel JSON; it predicts the verify forward only, like the
-worker's) or is fitted from the traces' (T, R, K, verify_s). `oracle` knows A (BatchContext.true_accept_lens) and
-the full step cost. Not modelled: prefill, scheduling overhead, requests joining/leaving - so `--validate
-serve.json` (relative error vs the real server at c <= 16) shows the size of those effects.
+worker's) or is fitted from the traces' verify steps. `oracle` knows A (BatchContext.true_accept_lens), drafts only
+what it verifies and pays the full step cost. Not modelled: prefill, scheduling overhead, requests joining/leaving -
+so `--validate serve.json` (relative error vs the real server at c <= 16) shows the size of those effects.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ import torch
 from tqdm import tqdm
 
 from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_section
-from sglang_dspark.control import BatchContext, EngineCostModel, StepOutcome, make_policy
+from sglang_dspark.control import BatchContext, EngineCostModel, PlainDecodeGate, StepOutcome, make_policy
+from sglang_dspark.control.draft_skip import probe_due
 
 DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -48,6 +53,8 @@ ROW_COLUMNS = ["policy", "concurrency", "goodput_tok_s", "per_user_tok_s", "tau"
 COST_FEATURE_SCALE = np.array([1.0, 256.0, 64.0, 65536.0])  # as control/cost_model.py: well-conditioned lstsq
 SKIPPED_CONF_LOGIT = -30.0  # worker.py _draft: confidence logit of requests it did not draft for
 NOT_SIMULATED = {"ngram"}  # no confidences in the trace for SGLang's own drafters
+GATED_POLICIES = ("dspark", "dspark-async", "sps-topk")  # as sglang_plugin/worker.py GATED_CONTROLLERS
+PROBE_FIRST, PROBE_MAX_GAP = 4, 32  # as the worker's draft-skip probe schedule
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -60,7 +67,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=200, help="simulated steps per (policy, concurrency)")
     p.add_argument("--gamma", type=int, default=None, help="draft width (default: the traces' conf width)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--draft-skip", action="store_true", help="requests with l = 0 cost no draft time")
+    p.add_argument("--draft-skip", default="probe", choices=["probe", "off", "free"],
+                   help="probe: the worker's draft skipping (default); off: draft every request every step; "
+                        "free: a request with l = 0 costs no draft time (optimistic bound)")
+    p.add_argument("--no-plain-steps", action="store_true",
+                   help="cost l = 0 steps as verify steps (no plain-decode fast path, no gate)")
     p.add_argument("--no-draft-cost", action="store_true", help="leave draft time out of the step time")
     p.add_argument("--validate", default=None, metavar="SERVE_JSON",
                    help="compare with real server rows (bench serve output) at c <= --validate-max-concurrency")
@@ -78,9 +89,10 @@ class TraceData:
     conf: torch.Tensor  # Float[N, G] calibrated per-position acceptance probabilities
     true_accept: torch.Tensor  # Long[N] acceptance length with all G drafts verified
     kv_lens: torch.Tensor  # Long[N]
-    cost_samples: list[tuple[int, int, int, float]]  # (T, R, K, verify_s) per step
+    cost_samples: list[tuple[int, int, int, float]]  # (T, R, K, verify_s) per verify step
     draft_samples: list[tuple[int, float]]  # (R, draft_s) per step
     num_censored: int
+    plain_samples: list[tuple[int, int, float]] = None  # (R, K, seconds) per plain-decode step
 
     @property
     def gamma(self) -> int:
@@ -115,7 +127,7 @@ def num_drafted(step: dict) -> int:
 
 
 def load_traces(paths: list[Path]) -> TraceData:
-    confs, accepts, kvs, costs, drafts = [], [], [], [], []
+    confs, accepts, kvs, costs, drafts, plains = [], [], [], [], [], []
     gamma, censored = None, 0
     for path in paths:
         with open(path) as f:
@@ -131,7 +143,10 @@ def load_traces(paths: list[Path]) -> TraceData:
                     gamma = width
                 elif width != gamma:
                     raise SystemExit(f"sim: {path}:{line_no}: conf width {width}, earlier traces had {gamma}")
-                costs.append((len(verify) + sum(verify), len(verify), sum(kv), float(step["verify_s"])))
+                if step.get("plain"):
+                    plains.append((len(verify), sum(kv), float(step["verify_s"])))
+                else:
+                    costs.append((len(verify) + sum(verify), len(verify), sum(kv), float(step["verify_s"])))
                 drafts.append((num_drafted(step), float(step.get("draft_s", 0.0))))
                 for r, (v, a) in enumerate(zip(verify, accept)):
                     if v < width and a >= v:
@@ -143,7 +158,7 @@ def load_traces(paths: list[Path]) -> TraceData:
     if not confs:
         raise SystemExit(f"sim: no uncensored request-rows in {len(paths)} trace file(s); record with fixed:<gamma>")
     return TraceData(torch.tensor(confs, dtype=torch.float32), torch.tensor(accepts, dtype=torch.long),
-                     torch.tensor(kvs, dtype=torch.long), costs, drafts, censored)
+                     torch.tensor(kvs, dtype=torch.long), costs, drafts, censored, plains)
 
 
 # ------------------------------------------------------------------------------------------------ cost models
@@ -179,6 +194,19 @@ def fit_cost_model(samples: list[tuple[int, int, int, float]]) -> EngineCostMode
         print("sim: warning: the traces do not vary tokens, requests and KV independently (record several "
               "fixed:G or pass --cost-model)", file=sys.stderr)
     model = EngineCostModel(coef=tuple(nonnegative_lstsq(X, y) / COST_FEATURE_SCALE))
+    model.num_fit_samples = len(arr)
+    return model
+
+
+def fit_plain_cost(samples: list[tuple[int, int, float]]) -> EngineCostModel | None:
+    """Plain decode step time a + c*R + d*K (non-negative) from the worker's plain steps; None if too few."""
+    arr = np.asarray(samples, dtype=float)
+    if len(arr) < 4:
+        return None
+    R, K, y = arr.T
+    X = np.stack([np.ones_like(R), R, K], axis=1) / COST_FEATURE_SCALE[[0, 2, 3]]
+    a, c, d = nonnegative_lstsq(X, y) / COST_FEATURE_SCALE[[0, 2, 3]]
+    model = EngineCostModel(coef=(a, 0.0, c, d))
     model.num_fit_samples = len(arr)
     return model
 
@@ -235,11 +263,18 @@ def batch_indices(pool_size: int, concurrency: int, steps: int, seed: int) -> to
 
 
 def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost, concurrency: int, steps: int,
-             gamma: int, seed: int = 0, draft_skip: bool = False) -> dict:
+             gamma: int, seed: int = 0, draft_skip: str = "probe", plain_cost: EngineCostModel | None = None) -> dict:
+    """plain_cost None: every step is costed as a verify step (no fast path, no gate)."""
     policy = make_sim_policy(spec, cost, draft, concurrency, gamma)
+    gate = PlainDecodeGate() if plain_cost is not None and spec.split(":")[0] in GATED_POLICIES else None
+    if gate is not None:  # the worker learns rho at its first plain step; the simulator knows it from the start
+        k0 = int(data.kv_lens.float().mean() * concurrency)
+        gate.observe_plain(float(plain_cost.predict(concurrency, concurrency, k0)),
+                           float(cost.predict(concurrency, concurrency, k0)))
     conf_all = data.conf[:, :gamma]
     true_all = data.true_accept.clamp(max=gamma)
-    tokens = verified = accepted_total = 0
+    streak = torch.zeros(concurrency, dtype=torch.long)  # per batch slot, as the worker's zero_streak
+    tokens = verified = accepted_total = plain_steps = drafted_total = 0
     total_s = 0.0
     last_s = None
     for step, idx in enumerate(batch_indices(len(data.true_accept), concurrency, steps, seed)):
@@ -247,15 +282,35 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
         kv_tokens = int(kv.sum())
         if policy is None:
             lengths = torch.zeros(concurrency, dtype=torch.long)
+            drafted = 0
         else:
+            active = torch.ones(concurrency, dtype=torch.bool)
+            if draft_skip == "probe" and spec != "oracle":
+                active = probe_due(streak, PROBE_FIRST, PROBE_MAX_GAP)
+                conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
             ctx = BatchContext(num_requests=concurrency, kv_lens=kv, last_step_time_s=last_s, step_index=step,
                                true_accept_lens=truth)
             lengths = policy.choose(conf, ctx).to(torch.long).clamp(0, gamma)
+            lengths = torch.where(active, lengths, torch.zeros_like(lengths))
+            if gate is not None:
+                lengths = gate.choose(lengths, conf, cost, kv_tokens)
+            if spec == "oracle" or draft_skip == "free":
+                drafted = int((lengths > 0).sum())
+            else:
+                drafted = int(active.sum())
+            streak = torch.where(lengths == 0, streak + 1, torch.zeros_like(streak))
         accepted = torch.minimum(truth, lengths)
-        verify_s = float(cost.predict(concurrency + int(lengths.sum()), concurrency, kv_tokens))
-        drafted = 0 if policy is None else int((lengths > 0).sum()) if draft_skip else concurrency
+        plain = plain_cost is not None and int(lengths.sum()) == 0
+        if plain:
+            verify_s = float(plain_cost.predict(concurrency, concurrency, kv_tokens))
+            plain_steps += 1
+            if gate is not None:
+                gate.observe_plain(verify_s, float(cost.predict(concurrency, concurrency, kv_tokens)))
+        else:
+            verify_s = float(cost.predict(concurrency + int(lengths.sum()), concurrency, kv_tokens))
         step_s = verify_s + draft(drafted)
-        if policy is not None:
+        drafted_total += drafted
+        if policy is not None and not plain:
             policy.observe(StepOutcome(verify_lens=lengths, accept_lens=accepted, step_time_s=verify_s, kv_lens=kv))
         tokens += concurrency + int(accepted.sum())
         accepted_total += int(accepted.sum())
@@ -268,7 +323,8 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
             "per_user_tok_s": round(goodput / concurrency, 3), "tau": round(tokens / request_steps, 4),
             "mean_verify_len": round(verified / request_steps, 4),
             "wasted_per_step": round((verified - accepted_total) / steps, 3),
-            "mean_step_ms": round(1e3 * total_s / steps, 3)}
+            "mean_step_ms": round(1e3 * total_s / steps, 3), "plain_step_share": round(plain_steps / steps, 3),
+            "drafted_per_step": round(drafted_total / steps, 3)}
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -307,14 +363,20 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.save_cost_model:
         Path(args.save_cost_model).write_text(json.dumps(cost.to_dict(), indent=2) + "\n")
     draft = DraftCost() if args.no_draft_cost else DraftCost.fit(data.draft_samples)
+    plain_cost = None if args.no_plain_steps else fit_plain_cost(data.plain_samples or [])
+    if plain_cost is None and not args.no_plain_steps:
+        print("sim: no plain-decode steps in the traces (record a dspark or threshold run too); l = 0 steps are "
+              "costed as verify steps", file=sys.stderr)
     policies = [p.strip() for p in args.policies.split(",") if p.strip() and p.strip() not in NOT_SIMULATED]
     print(f"sim: {len(paths)} trace file(s), {len(data.true_accept)} request-rows ({data.num_censored} censored "
           f"left out), {len(data.cost_samples)} steps, gamma={gamma}, mean true accept "
           f"{data.true_accept.clamp(max=gamma).float().mean():.2f}; verify cost coef {cost.coef}; "
-          f"draft d0={draft.d0:.3g}s d1={draft.d1:.3g}s/request", flush=True)
+          f"draft d0={draft.d0:.3g}s d1={draft.d1:.3g}s/request; plain decode coef "
+          f"{None if plain_cost is None else plain_cost.coef}", flush=True)
 
     def sim(policy: str, concurrency: int) -> dict:
-        return simulate(policy, data, cost, draft, concurrency, args.steps, gamma, args.seed, args.draft_skip)
+        return simulate(policy, data, cost, draft, concurrency, args.steps, gamma, args.seed, args.draft_skip,
+                        plain_cost)
 
     rows = [sim(p, c) for p, c in tqdm([(p, c) for p in policies for c in args.concurrency], desc="sim")]
     for r in rows:
@@ -331,6 +393,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "steps": args.steps, "seed": args.seed, "draft_skip": args.draft_skip,
             "cost_model": args.cost_model or "fitted from traces", "verify_cost": cost.to_dict(),
             "draft_cost": {"d0": draft.d0, "d1": draft.d1}, "temperature": args.temperature,
+            "plain_cost": None if plain_cost is None else plain_cost.to_dict(),
             "num_request_rows": len(data.true_accept), "num_censored": data.num_censored,
             "command": "python -m sglang_dspark.bench sim " + shlex.join(_cli_argv())}
     out = Path(args.out)

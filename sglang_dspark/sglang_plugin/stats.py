@@ -89,4 +89,6 @@ class StepTrace:
             "accept_lens": accept_lens.tolist(),
             "draft_s": round(stats.draft_s, 6),
             "verify_s": round(stats.verify_s, 6),
+            "plain": bool(stats.plain_decode),  # verify_s timed SGLang's plain decode forward
+            "drafted": [int(x) for x in (stats.drafted or [])],
         }) + "\n")

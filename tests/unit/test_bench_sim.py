@@ -135,3 +135,56 @@ def test_cost_fit_never_goes_negative():
     model = sim.fit_cost_model(line)
     assert min(model.coef) >= 0
     assert model.predict(50, 10, 3000) == pytest.approx(0.11, rel=1e-3)
+
+
+PLAIN = (0.003, 0.0002, 1e-7)  # plain decode seconds = a + c*R + d*K
+
+
+def add_plain_steps(path, steps: int = 40, seed: int = 1) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with open(path, "a") as f:
+        for s in range(steps):
+            R = [1, 2, 4, 8][s % 4]
+            kv = torch.randint(50, 400, (R,), generator=gen)
+            f.write(json.dumps({
+                "kv_lens": kv.tolist(), "conf": [[0.0] * GAMMA] * R, "conf_logits": [[-30.0] * GAMMA] * R,
+                "verify_lens": [0] * R, "accept_lens": [0] * R, "draft_s": 0.0, "plain": True, "drafted": [0] * R,
+                "verify_s": PLAIN[0] + PLAIN[1] * R + PLAIN[2] * int(kv.sum())}) + "\n")
+
+
+def test_plain_steps_are_fitted_apart_from_verify_steps(trace):
+    add_plain_steps(trace)
+    data = sim.load_traces([trace])
+    assert len(data.cost_samples) == 120 and len(data.plain_samples) == 40  # plain rows do not pollute the verify fit
+    plain = sim.fit_plain_cost(data.plain_samples)
+    assert plain.predict(4, 4, 1000) == pytest.approx(PLAIN[0] + 4 * PLAIN[1] + 1000 * PLAIN[2], rel=1e-3)
+    verify = sim.fit_cost_model(data.cost_samples)
+    assert verify.predict(20, 4, 1000) == pytest.approx(COST[0] + 20 * COST[1] + 4 * COST[2] + 1000 * COST[3],
+                                                        rel=1e-3)
+    # `none` runs plain decode steps and drafts nothing
+    none = sim.simulate("none", data, verify, sim.DraftCost(*DRAFT), 4, 20, GAMMA, plain_cost=plain)
+    assert none["plain_step_share"] == 1.0 and none["drafted_per_step"] == 0.0
+
+
+def test_probe_schedule_drafts_only_on_probe_steps(trace):
+    data = sim.load_traces([trace])
+    cost = sim.fit_cost_model(data.cost_samples)
+    plain = sim.EngineCostModel(coef=(PLAIN[0], 0.0, PLAIN[1], PLAIN[2]))
+    # threshold:1.0 never verifies: every slot probes at streaks 0, 4, 8, 16, 32 -> 5 drafted steps of 40
+    row = sim.simulate("threshold:1.0", data, cost, sim.DraftCost(*DRAFT), 4, 40, GAMMA, draft_skip="probe",
+                       plain_cost=plain)
+    assert row["drafted_per_step"] == pytest.approx(5 * 4 / 40)
+    assert row["plain_step_share"] == 1.0 and row["mean_verify_len"] == 0.0
+    off = sim.simulate("threshold:1.0", data, cost, sim.DraftCost(*DRAFT), 4, 40, GAMMA, draft_skip="off",
+                       plain_cost=plain)
+    assert off["drafted_per_step"] == 4 and off["goodput_tok_s"] < row["goodput_tok_s"]
+
+
+def test_gate_turns_expensive_verify_into_plain_steps(trace):
+    data = sim.load_traces([trace])
+    expensive = sim.EngineCostModel(coef=(0.05, 0.01, 0.01, 0.0))  # verify >= 130 ms at R = 4, plain ~25 ms
+    plain = sim.EngineCostModel(coef=(0.02, 0.0, 0.001, 0.0))
+    gated = sim.simulate("fixed:2", data, expensive, sim.DraftCost(*DRAFT), 4, 30, GAMMA, plain_cost=plain)
+    assert gated["plain_step_share"] == 0.0  # fixed:G keeps its lengths (no gate), as in the worker
+    row = sim.simulate("sps-topk", data, expensive, sim.DraftCost(*DRAFT), 4, 30, GAMMA, plain_cost=plain)
+    assert row["plain_step_share"] > 0.9
