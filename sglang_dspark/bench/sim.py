@@ -247,13 +247,17 @@ class FullStepCost:
 
 
 # ------------------------------------------------------------------------------------------------ simulation
-def make_sim_policy(spec: str, cost: EngineCostModel, draft: DraftCost, concurrency: int, gamma: int):
+def make_sim_policy(spec: str, cost: EngineCostModel, draft: DraftCost, concurrency: int, gamma: int,
+                    draft_skip: str = "probe"):
     if spec == "none":
         return None
     if spec == "oracle":
         return make_policy(spec, FullStepCost(cost, draft(concurrency)), gamma=gamma)
     # a copy: online cost updates must not change the simulator's ground truth
-    return make_policy(spec, copy.deepcopy(cost), gamma=gamma)
+    policy = make_policy(spec, copy.deepcopy(cost), gamma=gamma)
+    if draft_skip == "probe" and hasattr(policy, "draft_cost"):  # as the worker: verifying implies drafting again
+        policy.draft_cost = draft
+    return policy
 
 
 def batch_indices(pool_size: int, concurrency: int, steps: int, seed: int) -> torch.Tensor:
@@ -265,7 +269,7 @@ def batch_indices(pool_size: int, concurrency: int, steps: int, seed: int) -> to
 def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost, concurrency: int, steps: int,
              gamma: int, seed: int = 0, draft_skip: str = "probe", plain_cost: EngineCostModel | None = None) -> dict:
     """plain_cost None: every step is costed as a verify step (no fast path, no gate)."""
-    policy = make_sim_policy(spec, cost, draft, concurrency, gamma)
+    policy = make_sim_policy(spec, cost, draft, concurrency, gamma, draft_skip)
     gate = PlainDecodeGate() if plain_cost is not None and spec.split(":")[0] in GATED_POLICIES else None
     if gate is not None:  # the worker learns rho at its first plain step; the simulator knows it from the start
         k0 = int(data.kv_lens.float().mean() * concurrency)

@@ -4,6 +4,7 @@ from .base import BatchContext, StepOutcome, VerifyLengthPolicy, survival
 from .calibration import CalibrationMonitor, fit_sts_grid
 from .cost_model import CostSample, EngineCostModel
 from .dspark import DSparkPolicy, algorithm1
+from .draft_cost import DraftCostModel
 from .draft_skip import probe_due
 from .dspark_async import DSparkAsyncPolicy
 from .factory import make_policy
@@ -20,6 +21,7 @@ __all__ = [
     "CostSample",
     "DSparkAsyncPolicy",
     "DSparkPolicy",
+    "DraftCostModel",
     "EngineCostModel",
     "FixedPolicy",
     "OraclePolicy",

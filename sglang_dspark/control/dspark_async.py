@@ -49,24 +49,31 @@ class DSparkAsyncPolicy(CostModelFeedback, VerifyLengthPolicy):
         self.cost_model = cost_model
         self.online_cost_update = online_cost_update
         self.lag = lag
+        self.draft_cost = None  # DraftCostModel (see dspark.py); None: drafting is free
         self._past_sorted_survival: deque[torch.Tensor] = deque(maxlen=lag)
+        self._past_opens: deque[torch.Tensor] = deque(maxlen=lag)
         self.last_capacity: int | None = None
 
-    def capacity_from(self, stale_sorted_survival: torch.Tensor, num_requests: int, kv_tokens: int) -> int:
+    def capacity_from(self, stale_sorted_survival: torch.Tensor, num_requests: int, kv_tokens: int,
+                      stale_opens: torch.Tensor | None = None) -> int:
         """K = argmax over every k of expected throughput, on the stale survival curve (no early break)."""
         ranked = resample_sorted(stale_sorted_survival, num_requests * self.gamma)
-        theta = expected_throughput(ranked, num_requests, kv_tokens, self.cost_model)
+        opens = None if stale_opens is None else resample_sorted(stale_opens.double(), ranked.numel()) > 0
+        theta = expected_throughput(ranked, num_requests, kv_tokens, self.cost_model, opens, self.draft_cost)
         return int(theta.argmax())
 
     def choose(self, conf: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
         conf = conf[:, : self.gamma]
         num_rows = conf.shape[0]
-        stale = self._past_sorted_survival[0] if len(self._past_sorted_survival) == self.lag else None
+        full = len(self._past_sorted_survival) == self.lag
+        stale = self._past_sorted_survival[0] if full else None
+        stale_opens = self._past_opens[0] if full else None
         ranking = ranked_candidates(survival(conf))
         self._past_sorted_survival.append(ranking[1].detach().clone())
+        self._past_opens.append(ranking[0] % max(self.gamma, 1) == 0)
         if stale is None:
-            lengths = algorithm1(conf, num_rows, ctx.kv_tokens, self.cost_model)
+            lengths = algorithm1(conf, num_rows, ctx.kv_tokens, self.cost_model, self.draft_cost)
             self.last_capacity = int(lengths.sum())
             return lengths
-        self.last_capacity = self.capacity_from(stale, num_rows, ctx.kv_tokens)
+        self.last_capacity = self.capacity_from(stale, num_rows, ctx.kv_tokens, stale_opens)
         return top_k_lengths(conf, self.last_capacity, ranking)

@@ -25,8 +25,8 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
-from sglang_dspark.control import (BatchContext, CalibrationMonitor, PlainDecodeGate, StepOutcome, make_policy,
-                                   probe_due, survival, unmet_floors)
+from sglang_dspark.control import (BatchContext, CalibrationMonitor, DraftCostModel, PlainDecodeGate, StepOutcome,
+                                   make_policy, probe_due, survival, unmet_floors)
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key
@@ -35,8 +35,10 @@ from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.request_params import request_floors
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
+from sglang_dspark.sglang_plugin.step_profile import StepProfiler, section
 from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
-from sglang_dspark.sglang_plugin.verify_batch import rewrite_as_plain_decode, rewrite_as_verify_extend
+from sglang_dspark.sglang_plugin.verify_batch import (rewrite_as_plain_decode, rewrite_as_verify_extend,
+                                                      skip_sampled_logits)
 from sglang_dspark.verify import accept_greedy, accept_rejection
 from sglang_dspark.verify.result import AcceptResult, assemble_result
 
@@ -93,6 +95,10 @@ class DSparkExtWorker(BaseSpecWorker):
                                       self.options.cost_model_path, self.options.profile_cost_model)
         self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
+        self.draft_cost = DraftCostModel()
+        if self.options.draft_skip and hasattr(self.policy, "draft_cost"):
+            # with draft skipping, a request verified now is drafted again next step: its draft is part of the price
+            self.policy.draft_cost = self.draft_cost
         self.profile_policy = make_policy(f"random:{self.gamma}", None, gamma=self.gamma)
         # cost-aware controllers may also choose plain decoding for the whole batch (fixed / threshold keep their
         # lengths exactly: they are what A/B measurements ask for)
@@ -104,6 +110,7 @@ class DSparkExtWorker(BaseSpecWorker):
         self.trace = StepTrace(trace_path) if trace_path else None
         self.step_index = 0
         self._chain_verify_checked = False
+        self.profiler = StepProfiler.from_env()
         self.metrics = _create_metrics(server_args, self.gamma, self.options.controller)
         # Fault injection for tests: the first N decode steps get non-finite drafter output.
         self.inject_nan_steps = int(os.environ.get("SGLANG_DSPARK_INJECT_NAN_STEPS", "0"))
@@ -124,7 +131,11 @@ class DSparkExtWorker(BaseSpecWorker):
         if batch.forward_mode.is_extend():
             result = self._prefill(batch)
         elif batch.forward_mode.is_decode():
+            if self.profiler is not None:
+                self.profiler.before_step()
             result = self._decode(batch)
+            if self.profiler is not None:
+                self.profiler.after_step()
         else:
             raise NotImplementedError(f"DSPARK_EXT: forward mode {batch.forward_mode} is not supported")
         if on_publish is not None:
@@ -176,7 +187,8 @@ class DSparkExtWorker(BaseSpecWorker):
             if self.inject_nan_steps > 0:
                 self.inject_nan_steps -= 1
                 sub_logits = torch.full_like(sub_logits, float("nan"))
-            if not (torch.isfinite(sub_logits).all() and torch.isfinite(prop.conf_logits).all()):
+            # one reduction instead of an elementwise isfinite over [R, G, V]: any NaN / inf makes the sum non-finite
+            if not (torch.isfinite(sub_logits.sum()) and torch.isfinite(prop.conf_logits).all()):
                 raise DrafterFailure("non-finite drafter output")
             tokens[a] = prop.tokens[:, :G]
             conf[a] = prop.conf_logits[:, :G]
@@ -219,9 +231,11 @@ class DSparkExtWorker(BaseSpecWorker):
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
+        prof = self.profiler is not None
         try:
-            drafts, draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
-                                                                           draft_temps, active)
+            with section("dspark.draft", prof):
+                drafts, draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
+                                                                               draft_temps, active)
         except Exception as e:  # a broken drafter must never take the request down with it
             fallback = "nan" if isinstance(e, DrafterFailure) else "exception"
             if fallback == "exception":
@@ -230,6 +244,7 @@ class DSparkExtWorker(BaseSpecWorker):
             draft_logits, conf_logits = None, None
 
         if fallback is None:
+            self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits)
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
                                temperatures=draft_temps, last_step_time_s=self.counters.last_step_s,
@@ -258,20 +273,25 @@ class DSparkExtWorker(BaseSpecWorker):
         r2t = self.req_to_token_pool.req_to_token
         slots, positions, rows = rewrite_as_verify_extend(batch, r2t, anchors, drafts, verify_lens.to(self.device),
                                                           committed)
-        with verify_attention(self._verify_backend()):
+        model = self.model_runner.model
+        with verify_attention(self._verify_backend()), skip_sampled_logits(model.logits_processor,
+                                                                            self.drafter.config.vocab_size), \
+                section("dspark.verify_forward", prof):
             res = self.target_worker.forward_batch_generation(batch, is_verify=True,
                                                               capture_hidden_mode=CaptureHiddenMode.FULL)
         out = res.logits_output
-        model = self.model_runner.model
-        logits = model.logits_processor._get_logits(out.last_hidden_states, model.lm_head,
-                                                    LogitsMetadata(forward_mode=ForwardMode.DECODE))
+        with section("dspark.verify_logits", prof):
+            logits = model.logits_processor._get_logits(out.last_hidden_states, model.lm_head,
+                                                        LogitsMetadata(forward_mode=ForwardMode.DECODE))
         processed = process_logits(
             logits,
             additive=_rows_or_none(si.acc_additive_penalties, rows, si.logit_bias),
             scaling=None if si.acc_scaling_penalties is None else si.acc_scaling_penalties[rows],
         )
-        accept = self._accept(processed, rows, verify_lens, drafts, draft_logits, draft_temps, si, bs)
-        self.context_pool.write(slots, positions, self._features(out))
+        with section("dspark.accept", prof):
+            accept = self._accept(processed, rows, verify_lens, drafts, draft_logits, draft_temps, si, bs)
+        with section("dspark.context_write", prof):
+            self.context_pool.write(slots, positions, self._features(out))
         if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
@@ -318,7 +338,8 @@ class DSparkExtWorker(BaseSpecWorker):
         t0 = time.perf_counter()
         bs = len(anchors)
         slots, positions = rewrite_as_plain_decode(batch, self.req_to_token_pool.req_to_token, anchors, committed)
-        res = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        with section("dspark.plain_forward", self.profiler is not None):
+            res = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         self.context_pool.write(slots, positions, self._features(res.logits_output))
         tokens = res.next_token_ids.to(torch.int64)
         if torch.device(self.device).type == "cuda":

@@ -252,3 +252,42 @@ def test_controller_cost_256x7_under_5ms():
         policy.choose(conf, ctx)
         times.append(time.perf_counter() - start)
     assert statistics.median(times[10:]) < 5e-3
+
+
+class _LinearCost:
+    """t(T) = 0.1 + 0.01 T seconds."""
+
+    def sps(self, tokens, num_requests, kv_tokens):
+        return 1.0 / (0.1 + 0.01 * tokens)
+
+
+def test_algorithm1_charges_each_verified_request_its_next_draft():
+    """Hand-computed: survivals ranked 0.9 (r0 j0), 0.81 (r0 j1), 0.3 (r1 j0), 0.15 (r1 j1).
+    Free drafts: theta = 16.67, 22.31, 26.50, 26.73, 26.00 -> stop after 3 -> [2, 1].
+    d1 = 10 ms per verified request: theta = 16.67, 20.71, 24.73, 23.59 -> stop after 2 -> [2, 0]."""
+    from sglang_dspark.control import DraftCostModel
+
+    conf = torch.tensor([[0.9, 0.9], [0.3, 0.5]])
+    assert algorithm1(conf, 2, 0, _LinearCost()).tolist() == [2, 1]
+    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.0)).tolist() == [2, 1]
+    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01)).tolist() == [2, 0]
+    # a fixed per-pass part large enough makes drafting anything not worth it
+    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.2, 0.0)).tolist() == [0, 0]
+
+
+def test_draft_cost_model_learns_fixed_and_per_request_parts():
+    from sglang_dspark.control import DraftCostModel
+
+    model = DraftCostModel()
+    assert model(3) == 0.0  # nothing learned yet: drafting looks free
+    for i in range(40):
+        n = 1 + i % 8
+        model.update(n, 0.002 + 0.005 * n)
+    assert model.d0 == pytest.approx(0.002, rel=1e-6) and model.d1 == pytest.approx(0.005, rel=1e-6)
+    assert model(0) == 0.0 and model(4) == pytest.approx(0.022)
+    one = DraftCostModel()
+    for _ in range(10):
+        one.update(4, 0.02)  # a single batch size: the whole pass is charged per request
+    assert (one.d0, one.d1) == (0.0, pytest.approx(0.005))
+    one.update(0, 5.0)  # nothing drafted: no information
+    assert one.d1 == pytest.approx(0.005)
