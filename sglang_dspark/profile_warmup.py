@@ -19,6 +19,9 @@ PROMPTS = [
     "Summarize the rules of chess briefly.",
     "What is 12 times 13? Show the steps.",
 ]
+# One long prompt in every level: KV length must vary apart from the request count, or the fit cannot tell the
+# per-KV-token cost from the per-request one (and extrapolates either wildly to long contexts).
+LONG_PROMPT = "Here is a log of a long conversation about systems programming. " * 40 + "Summarize it."
 LEVELS = [(1, 2), (2, 4), (4, 8), (8, 8)]  # (concurrency, requests)
 MAX_TOKENS = 24
 
@@ -51,7 +54,7 @@ def run_profile_load(base: str, budget_s: float = 60.0, startup_timeout_s: float
         for conc, n in LEVELS:
             if time.time() > end:
                 break
-            payloads = [{"text": PROMPTS[i % len(PROMPTS)],
+            payloads = [{"text": LONG_PROMPT if i % 3 == 1 else PROMPTS[i % len(PROMPTS)],
                          "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}}
                         for i in range(n)]
             with ThreadPoolExecutor(conc) as pool:

@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_section
 from sglang_dspark.control import BatchContext, EngineCostModel, PlainDecodeGate, StepOutcome, make_policy
+from sglang_dspark.control.cost_model import nonnegative_lstsq
 from sglang_dspark.control.draft_skip import probe_due
 
 DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
@@ -162,20 +163,6 @@ def load_traces(paths: list[Path]) -> TraceData:
 
 
 # ------------------------------------------------------------------------------------------------ cost models
-def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (a step never gets faster with more tokens, requests or KV):
-    drop the most negative column and refit until none is negative (small active-set NNLS)."""
-    active = list(range(X.shape[1]))
-    beta = np.zeros(X.shape[1])
-    while active:
-        sub = np.linalg.lstsq(X[:, active], y, rcond=None)[0]
-        if (sub >= 0).all():
-            beta[active] = sub
-            break
-        active.pop(int(np.argmin(sub)))
-    return beta
-
-
 def fit_cost_model(samples: list[tuple[int, int, int, float]]) -> EngineCostModel:
     """Verify-step cost from trace steps: the robust fit, or a non-negative one where that goes negative (a
     negative KV or request term extrapolates to zero step time at high concurrency). Traces of one fixed:G alone

@@ -44,12 +44,28 @@ def _as_float(x):
     return x.double() if isinstance(x, torch.Tensor) else float(x)
 
 
+def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a step never gets faster with more tokens, requests or KV):
+    drop the most negative column and refit until none is negative (small active-set NNLS)."""
+    active = list(range(X.shape[1]))
+    beta = np.zeros(X.shape[1])
+    while active:
+        sub = np.linalg.lstsq(X[:, active], y, rcond=None)[0]
+        if (sub >= 0).all():
+            beta[active] = sub
+            break
+        active.pop(int(np.argmin(sub)))
+    return beta
+
+
 def _huber_fit(X: np.ndarray, y: np.ndarray, iters: int = 30) -> np.ndarray:
+    """Huber IRLS, non-negative: a profile whose T, R and K move together (short warm-up prompts) otherwise
+    trades a negative term against an inflated one, and that extrapolates badly to larger batches."""
     w = np.ones(len(y))
     beta = np.zeros(X.shape[1])
     for _ in range(iters):
         sw = np.sqrt(w)
-        beta = np.linalg.lstsq(X * sw[:, None], y * sw, rcond=None)[0]
+        beta = nonnegative_lstsq(X * sw[:, None], y * sw)
         resid = y - X @ beta
         scale = 1.4826 * np.median(np.abs(resid - np.median(resid))) + 1e-12
         delta = 1.345 * scale  # 95% efficiency under Gaussian noise
@@ -86,6 +102,7 @@ class EngineCostModel:
         self._consecutive_rejects = 0
         self._residual_scale: float | None = None  # robust scale (EWMA of |residual|), seconds
         self._rls_P = np.eye(4) * RLS_RESET_VARIANCE  # RLS inverse-covariance in scaled-feature space
+        self._rls_beta: np.ndarray | None = None  # unconstrained RLS estimate (scaled); None: start from coef
         self.last_predicted_s: float | None = None
         self.last_measured_s: float | None = None
 
@@ -138,6 +155,7 @@ class EngineCostModel:
             resid = resid - np.asarray(self.bucket_offsets)[idx]
         self._residual_scale = float(1.4826 * np.median(np.abs(resid))) + 1e-9
         self._rls_P = np.linalg.pinv(X.T @ X + 1e-9 * np.eye(4))
+        self._rls_beta = None
         self.num_fit_samples = len(rows)
         return self
 
@@ -165,7 +183,7 @@ class EngineCostModel:
         # RLS on the linear part: target = measured minus the current bucket offset
         x = _features(T, R, K)
         offset = self.bucket_offsets[int(self._bucket_index(T))] if self.bucket_edges else 0.0
-        beta = np.asarray(self.coef) * FEATURE_SCALE
+        beta = self._rls_beta if self._rls_beta is not None else np.asarray(self.coef) * FEATURE_SCALE
         lam = self.forgetting
         Px = self._rls_P @ x
         gain = Px / (lam + x @ Px)
@@ -175,7 +193,10 @@ class EngineCostModel:
         trace = np.trace(self._rls_P)
         if trace > MAX_RLS_TRACE:
             self._rls_P *= MAX_RLS_TRACE / trace
-        self.coef = list(beta / FEATURE_SCALE)
+        # RLS runs unconstrained (projecting its state would stall convergence from a bad prior); predictions use
+        # the estimate projected onto the physical region, where no term makes a step faster
+        self._rls_beta = beta
+        self.coef = list(np.maximum(beta, 0.0) / FEATURE_SCALE)
         if self.bucket_edges:
             i = int(self._bucket_index(T))
             bucket_resid = measured_s - float(self._linear(T, R, K))

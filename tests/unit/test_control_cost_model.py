@@ -96,3 +96,20 @@ def test_save_load_roundtrip_and_key_validation(tmp_path):
     path.write_text(json.dumps(broken))
     with pytest.raises(ValueError, match="coef"):
         EngineCostModel.load(path)
+
+
+def test_fit_and_online_updates_never_predict_a_negative_term():
+    """A warm-up profile where KV grows with the request count, plus noise: unconstrained least squares trades a
+    negative KV term against an inflated request term; ours keeps every coefficient >= 0."""
+    rng = np.random.default_rng(5)
+    samples = []
+    for _ in range(80):
+        R = int(rng.integers(1, 9))
+        T = R + int(rng.integers(0, 7 * R + 1))
+        K = 40 * R + int(rng.integers(0, 5))
+        samples.append((T, R, K, 0.1 + 0.005 * T + 0.004 * R + rng.normal(0, 0.01)))
+    model = EngineCostModel().fit(samples)
+    assert min(model.coef) >= 0
+    for T, R, K, y in samples:
+        model.update(T, R, K, y - 0.002 * K / 40)  # measured steps that fall with KV
+        assert min(model.coef) >= 0
