@@ -280,7 +280,8 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
                 active = probe_due(streak, PROBE_FIRST, PROBE_MAX_GAP)
                 conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
             ctx = BatchContext(num_requests=concurrency, kv_lens=kv, last_step_time_s=last_s, step_index=step,
-                               true_accept_lens=truth)
+                               true_accept_lens=truth,
+                               plain_step_s=None if gate is None else gate.plain_step_s(concurrency, cost, kv_tokens))
             lengths = policy.choose(conf, ctx).to(torch.long).clamp(0, gamma)
             lengths = torch.where(active, lengths, torch.zeros_like(lengths))
             if gate is not None:

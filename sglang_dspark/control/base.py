@@ -13,6 +13,8 @@ class BatchContext:
     kv_lens: Long[R] committed context length per request (sum = KV tokens the target attends over).
     temperatures / min_user_tps / priorities: optional Float[R]; min_user_tps drives SLA mode.
     true_accept_lens: simulator only (oracle policy): drafts the target would accept if all G were verified.
+    plain_step_s: what a step verifying nothing costs when it runs as a plain decode step (cheaper than a verify
+    forward over the R anchors); theta_0 of Algorithm 1 uses it, since that is the real alternative.
     """
 
     num_requests: int
@@ -23,6 +25,7 @@ class BatchContext:
     priorities: torch.Tensor | None = None
     step_index: int = 0
     true_accept_lens: torch.Tensor | None = None
+    plain_step_s: float | None = None  # predicted plain-decode step (worker's fast path); None: not available
 
     @property
     def kv_tokens(self) -> int:

@@ -40,6 +40,12 @@ class PlainDecodeGate:
         tokens = lengths.numel() + float((surv * take).sum())
         return tokens / float(cost_model.predict(int(lengths.numel() + lengths.sum()), lengths.numel(), kv_tokens))
 
+    def plain_step_s(self, num_requests: int, cost_model, kv_tokens: int) -> float | None:
+        """Predicted plain decode step (None until a plain step has been measured)."""
+        if self.rho is None or cost_model is None or num_requests == 0:
+            return None
+        return self.rho * float(cost_model.predict(num_requests, num_requests, kv_tokens))
+
     def choose(self, lengths: torch.Tensor, conf: torch.Tensor, cost_model, kv_tokens: int) -> torch.Tensor:
         """lengths Long[R] from the policy, conf Float[R, G] calibrated confidences -> lengths or all zeros."""
         if self.rho is None or cost_model is None or int(lengths.sum()) == 0:

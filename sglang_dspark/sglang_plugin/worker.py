@@ -246,9 +246,12 @@ class DSparkExtWorker(BaseSpecWorker):
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits)
+            plain_s = (self.plain_gate.plain_step_s(bs, self.cost_model, int(committed.sum()))
+                       if self.plain_gate is not None and not self.costs.profiling else None)
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
                                temperatures=draft_temps, last_step_time_s=self.counters.last_step_s,
-                               min_user_tps=request_floors(batch.reqs, self.options.min_user_tps))
+                               min_user_tps=request_floors(batch.reqs, self.options.min_user_tps),
+                               plain_step_s=plain_s)
             policy = self.profile_policy if self.costs.profiling else self.policy
             verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
             verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))

@@ -291,3 +291,16 @@ def test_draft_cost_model_learns_fixed_and_per_request_parts():
     assert (one.d0, one.d1) == (0.0, pytest.approx(0.005))
     one.update(0, 5.0)  # nothing drafted: no information
     assert one.d1 == pytest.approx(0.005)
+
+
+def test_algorithm1_compares_against_a_plain_step_when_it_is_cheaper():
+    """Same case as above with free drafts. If verifying nothing runs as a plain step of 0.15 s instead of a 0.12 s
+    anchors-only verify, theta_0 = 2 / 0.15 = 13.3 and every admission up to k = 3 still improves -> [2, 1];
+    with a plain step of 0.05 s (theta_0 = 40) nothing beats it -> [0, 0]."""
+    conf = torch.tensor([[0.9, 0.9], [0.3, 0.5]])
+    assert algorithm1(conf, 2, 0, _LinearCost(), plain_step_s=0.15).tolist() == [2, 1]
+    assert algorithm1(conf, 2, 0, _LinearCost(), plain_step_s=0.05).tolist() == [0, 0]
+    # a plain step only moves theta_0: with the draft charge, r1's first draft (theta_3 < theta_2) stays out
+    from sglang_dspark.control import DraftCostModel
+    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01)).tolist() == [2, 0]
+    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01), plain_step_s=0.3).tolist() == [2, 0]
