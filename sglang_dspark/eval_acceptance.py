@@ -59,7 +59,11 @@ def run(args) -> dict:
                            hf.get_output_embeddings().weight.detach(), dtype=dtype, device=device)
     target = HFTarget(args.target, drafter.config.target_layer_ids, model=hf, device=device)
     stop_ids = target.stop_token_ids(tokenizer)
-    temps = load_sts(args.sts) if args.sts else drafter.sts_temperatures
+    regime = "greedy" if args.temperature <= 0 else "sampled"  # drafter/sts.py: calibrated per acceptance rule
+    if args.sts:
+        temps = load_sts(args.sts, regime)
+    else:
+        temps = drafter.sts_temperatures_sampled if regime == "sampled" else drafter.sts_temperatures
     B = drafter.block_size
 
     per_dataset, all_rounds = {}, []

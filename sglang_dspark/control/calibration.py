@@ -68,6 +68,7 @@ class CalibrationMonitor:
         buffer_size: int = 50_000,
         fit_fn: FitFn | None = None,
         temperatures: list[float] | None = None,
+        temperatures_sampled: list[float] | None = None,
     ):
         self.gamma = gamma
         self.num_bins = num_bins
@@ -78,6 +79,11 @@ class CalibrationMonitor:
         self.temperatures = torch.tensor(temperatures if temperatures is not None else [1.0] * gamma, dtype=torch.float64)
         if self.temperatures.numel() != gamma:
             raise ValueError(f"need {gamma} temperatures, got {self.temperatures.numel()}")
+        # requests at T > 0 (drafter/sts.py: greedy and sampled acceptance are calibrated apart); None: same set
+        self.temperatures_sampled = (None if temperatures_sampled is None
+                                     else torch.tensor(temperatures_sampled, dtype=torch.float64))
+        if self.temperatures_sampled is not None and self.temperatures_sampled.numel() != gamma:
+            raise ValueError(f"need {gamma} sampled temperatures, got {self.temperatures_sampled.numel()}")
         self.num_refits = 0
         # rolling buffer of raw rows for refit()
         self._logits = torch.zeros(buffer_size, gamma, dtype=torch.float32)
@@ -93,17 +99,22 @@ class CalibrationMonitor:
         self._sum_pred = torch.zeros(shape, dtype=torch.float64)
         self._sum_label = torch.zeros(shape, dtype=torch.float64)
 
-    def calibrate(self, conf_logits: torch.Tensor) -> torch.Tensor:
-        """Calibrated per-position acceptance probabilities sigmoid(z / T_k): Float[R, G]."""
+    def calibrate(self, conf_logits: torch.Tensor, sampled: torch.Tensor | None = None) -> torch.Tensor:
+        """Calibrated per-position acceptance probabilities sigmoid(z / T_k): Float[R, G].
+        sampled: Bool[R], rows served at temperature > 0 (they use the sampled temperatures when there are any)."""
         temps = self.temperatures.to(device=conf_logits.device, dtype=torch.float32)
+        if sampled is not None and self.temperatures_sampled is not None and bool(sampled.any()):
+            hot = self.temperatures_sampled.to(device=conf_logits.device, dtype=torch.float32)
+            temps = torch.where(sampled.to(conf_logits.device).view(-1, 1), hot, temps)
         return torch.sigmoid(conf_logits.float() / temps)
 
-    def record(self, conf_logits: torch.Tensor, verify_lens: torch.Tensor, accept_lens: torch.Tensor) -> None:
+    def record(self, conf_logits: torch.Tensor, verify_lens: torch.Tensor, accept_lens: torch.Tensor,
+               sampled: torch.Tensor | None = None) -> None:
         """Log one step: raw logits [R, G], verified drafts [R], accepted drafts [R]."""
         logits = conf_logits.detach().float().cpu()
         verify_lens, accept_lens = verify_lens.cpu().long(), accept_lens.cpu().long()
         positions = torch.arange(self.gamma).unsqueeze(0)
-        pred = torch.cumprod(self.calibrate(logits).double(), 1)
+        pred = torch.cumprod(self.calibrate(logits, None if sampled is None else sampled.cpu()).double(), 1)
         verified = positions < verify_lens.unsqueeze(1)
         label = (positions < accept_lens.unsqueeze(1)).double()
         bins = (pred * self.num_bins).long().clamp(0, self.num_bins - 1)
@@ -152,6 +163,7 @@ class CalibrationMonitor:
         if len(temps) != self.gamma or not all(t > 0 for t in temps):
             raise ValueError(f"fit function returned invalid temperatures {temps}")
         self.temperatures = torch.tensor([float(t) for t in temps], dtype=torch.float64)
+        self.temperatures_sampled = None  # live outcomes mix both regimes: one refitted set serves both
         self.num_refits += 1
         self.reset_stats()
         return self.temperatures.tolist()

@@ -89,6 +89,7 @@ def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = No
         if len(temps) != config.block_size:
             raise DrafterCheckpointError(f"{sts_path}: {len(temps)} temperatures for block_size {config.block_size}")
         model.sts_temperatures = temps
+        model.sts_temperatures_sampled = load_sts(sts_path, "sampled")
     vocab_path = os.path.join(path, DRAFT_VOCAB_NAME)
     if draft_vocab and os.path.exists(vocab_path):
         model.set_draft_vocab(load_draft_vocab(vocab_path, config.vocab_size))

@@ -3,7 +3,11 @@
 c_k = sigmoid(z_k / T_k). Temperatures are fitted left to right: T_k minimises the ECE of the cumulative product
 prod_{i<=k} c_i (earlier T_i fixed) against the label "drafts 0..k were all accepted". Scaling by a positive
 temperature is order-preserving per position, so AUROC at a single position never changes.
-File: sts.json next to the checkpoint, {"format": "dspark-sts-v1", "temperatures": [T_1..T_B], ...meta}.
+File: sts.json next to the checkpoint, {"format": "dspark-sts-v1", "temperatures": [T_1..T_B], ...meta}, plus
+optionally "temperatures_sampled": [T_1..T_B] and "sampled": {...meta} for requests served at temperature > 0.
+Why two regimes: at T = 0 a draft is accepted iff it is the target's argmax; at T > 0 with probability
+sum min(p, q). The same confidence logit predicts different acceptance rates under the two rules, and one set of
+temperatures fitted on greedy labels mis-calibrates sampled requests (position 1: ECE 10.8% at T = 1).
 """
 
 from __future__ import annotations
@@ -123,17 +127,32 @@ def survival_ece(conf_logits: torch.Tensor, accepted_prefix_len: torch.Tensor, v
     return ece(surv[valid], labels[valid], bins)
 
 
-def save_sts(path: str | os.PathLike, temps: Sequence[float], meta: dict[str, Any] | None = None) -> None:
+REGIMES = ("greedy", "sampled")
+
+
+def save_sts(path: str | os.PathLike, temps: Sequence[float], meta: dict[str, Any] | None = None,
+             regime: str = "greedy") -> None:
+    """Write one regime's temperatures. "greedy" rewrites the file (keeping an existing sampled set); "sampled"
+    adds its set to an existing file, or starts a file whose greedy set is the same temperatures."""
+    if regime not in REGIMES:
+        raise ValueError(f"STS regime must be one of {REGIMES}, got {regime!r}")
     temps = [float(t) for t in temps]
     _check_temps(temps, path)
-    doc = dict(meta or {})
-    doc.update(format=STS_FORMAT, temperatures=temps)
+    old = _read_doc(path) if os.path.exists(path) else None
+    if regime == "greedy":
+        doc = dict(meta or {})
+        doc.update(format=STS_FORMAT, temperatures=temps)
+        if old is not None and "temperatures_sampled" in old:
+            doc["temperatures_sampled"], doc["sampled"] = old["temperatures_sampled"], old.get("sampled", {})
+    else:
+        doc = old if old is not None else {"format": STS_FORMAT, "temperatures": temps}
+        doc["temperatures_sampled"], doc["sampled"] = temps, dict(meta or {})
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
 
 
-def load_sts(path: str | os.PathLike) -> list[float]:
+def _read_doc(path: str | os.PathLike) -> dict:
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -141,13 +160,27 @@ def load_sts(path: str | os.PathLike) -> list[float]:
         raise StsFileError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(doc, dict) or doc.get("format") != STS_FORMAT:
         raise StsFileError(f"{path}: key 'format' must be '{STS_FORMAT}'")
+    return doc
+
+
+def load_sts(path: str | os.PathLike, regime: str = "greedy") -> list[float]:
+    """The temperatures of one regime; "sampled" falls back to the greedy set when the file has none."""
+    if regime not in REGIMES:
+        raise ValueError(f"STS regime must be one of {REGIMES}, got {regime!r}")
+    doc = _read_doc(path)
     temps = doc.get("temperatures")
     _check_temps(temps, path)
+    if regime == "sampled" and "temperatures_sampled" in doc:
+        temps = doc["temperatures_sampled"]
+        _check_temps(temps, path, "temperatures_sampled")
+        if len(temps) != len(doc["temperatures"]):
+            raise StsFileError(f"{path}: 'temperatures_sampled' has {len(temps)} entries, 'temperatures' "
+                               f"{len(doc['temperatures'])}")
     return [float(t) for t in temps]
 
 
-def _check_temps(temps: Any, path: Any) -> None:
+def _check_temps(temps: Any, path: Any, key: str = "temperatures") -> None:
     ok = isinstance(temps, list) and len(temps) > 0 and all(
         isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in temps)
     if not ok:
-        raise StsFileError(f"{path}: key 'temperatures' must be a non-empty list of finite numbers > 0, got {temps!r}")
+        raise StsFileError(f"{path}: key '{key}' must be a non-empty list of finite numbers > 0, got {temps!r}")

@@ -53,5 +53,8 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
         lm_head = lm_head[: cfg.vocab_size]
     drafter = load_drafter(path, target_embed=embed, target_lm_head=lm_head, dtype=dtype, device=device,
                            draft_vocab=not options.full_draft_vocab)
-    sts = load_sts(options.sts_path) if options.sts_path else drafter.sts_temperatures
+    if options.sts_path:
+        sts = (load_sts(options.sts_path), load_sts(options.sts_path, "sampled"))
+    else:
+        sts = (drafter.sts_temperatures, drafter.sts_temperatures_sampled)
     return drafter, sts

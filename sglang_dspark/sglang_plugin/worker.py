@@ -86,8 +86,11 @@ class DSparkExtWorker(BaseSpecWorker):
         model.logits_processor.keep_last_hidden_states = True
         self.num_features = len(ids)
 
-        self.calibration = CalibrationMonitor(self.gamma, online=self.options.online_calibration,
-                                              temperatures=(sts or [1.0] * self.drafter.block_size)[: self.gamma])
+        sts_greedy, sts_sampled = sts
+        self.calibration = CalibrationMonitor(
+            self.gamma, online=self.options.online_calibration,
+            temperatures=(sts_greedy or [1.0] * self.drafter.block_size)[: self.gamma],
+            temperatures_sampled=None if sts_sampled is None else sts_sampled[: self.gamma])
         sa = server_args
         chain = self.options.chain_verify_attention and getattr(sa, "attention_backend", None) == "torch_native"
         self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device,
@@ -245,7 +248,7 @@ class DSparkExtWorker(BaseSpecWorker):
 
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
-            conf = self.calibration.calibrate(conf_logits)
+            conf = self.calibration.calibrate(conf_logits, sampled=draft_temps > 0)
             plain_s = (self.plain_gate.plain_step_s(bs, self.cost_model, int(committed.sum()))
                        if self.plain_gate is not None and not self.costs.profiling else None)
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
@@ -319,7 +322,7 @@ class DSparkExtWorker(BaseSpecWorker):
         if self.metrics is not None:  # before policy.observe: the cost model predicts this step unrefined
             self._observe_metrics(stats, committed, None if fallback else conf)
         if fallback is None:
-            self.calibration.record(conf_logits.cpu(), verify_lens, accept_lens)
+            self.calibration.record(conf_logits.cpu(), verify_lens, accept_lens, sampled=draft_temps > 0)
             self.calibration.maybe_refit()
             self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
                                             step_time_s=stats.verify_s, kv_lens=committed))

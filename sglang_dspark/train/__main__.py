@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--num-anchors", type=int, default=64)
     k.add_argument("--max-length", type=int, default=4096)
     k.add_argument("--temperature", type=float, default=1.0, help="0 = greedy acceptance labels")
+    k.add_argument("--regime", choices=["greedy", "sampled"], default=None,
+                   help="which temperature set of sts.json to write (default: greedy at --temperature 0, else "
+                        "sampled: used for requests served at T > 0)")
     k.add_argument("--seed", type=int, default=0)
     k.add_argument("--device", default=None)
     return p

@@ -88,7 +88,8 @@ def run_calibrate(args) -> dict:
             "acceptance": "greedy" if args.temperature <= 0 else f"rejection-sampling T={args.temperature}",
             "labels": "teacher-forced on the cached sequence", "ece_raw": ece_raw, "ece_sts": ece_sts}
     out = args.out or os.path.join(args.drafter, "sts.json")
-    save_sts(out, temps, meta)
-    print(f"[calibrate] {conf.shape[0]} blocks from {len(held)} samples; ECE {ece_raw:.4f} -> {ece_sts:.4f}; "
-          f"T = {[round(t, 3) for t in temps]} -> {out}")
+    regime = getattr(args, "regime", None) or ("greedy" if args.temperature <= 0 else "sampled")
+    save_sts(out, temps, meta, regime=regime)
+    print(f"[calibrate] {regime}: {conf.shape[0]} blocks from {len(held)} samples; ECE {ece_raw:.4f} -> "
+          f"{ece_sts:.4f}; T = {[round(t, 3) for t in temps]} -> {out}")
     return {"temperatures": temps, "path": out, **meta}

@@ -74,3 +74,18 @@ def test_ece_by_hand():
     # pos0 labels 1,0,1 (mean 2/3) vs pred .5 -> ECE 1/6; pos1 labels 1,0 (mean .5) vs .25 -> ECE .25
     assert monitor.ece().tolist() == pytest.approx([1 / 6, 0.25])
     assert monitor.counts().tolist() == [3, 2]
+
+
+def test_sampled_rows_use_their_own_temperatures():
+    import torch
+
+    from sglang_dspark.control import CalibrationMonitor
+
+    mon = CalibrationMonitor(2, temperatures=[1.0, 1.0], temperatures_sampled=[2.0, 4.0])
+    z = torch.tensor([[2.0, 4.0], [2.0, 4.0]])
+    out = mon.calibrate(z, sampled=torch.tensor([False, True]))
+    assert torch.allclose(out[0], torch.sigmoid(z[0]))
+    assert torch.allclose(out[1], torch.sigmoid(torch.tensor([1.0, 1.0])))
+    assert torch.allclose(mon.calibrate(z), torch.sigmoid(z))  # no mask: the greedy set
+    same = CalibrationMonitor(2, temperatures=[1.0, 1.0])  # no sampled set: one set serves both
+    assert torch.allclose(same.calibrate(z, sampled=torch.tensor([True, True])), torch.sigmoid(z))

@@ -176,3 +176,24 @@ def test_rope_theta_legacy_key_and_qwen2_flavour():
     assert "layers.0.self_attn.q_proj.bias" in keys and "layers.0.self_attn.o_proj.bias" not in keys
     assert "layers.0.self_attn.q_norm.weight" not in keys
     assert DSparkConfig.from_dict(json.loads(cfg.to_json())) == cfg  # qk_norm survives the round trip
+
+
+def test_sts_file_keeps_greedy_and_sampled_sets_apart(tmp_path):
+    from sglang_dspark.drafter import load_sts
+
+    path = tmp_path / "sts.json"
+    save_sts(path, [1.0, 2.0, 3.0, 4.0], {"acceptance": "greedy"})
+    assert load_sts(path, "sampled") == [1.0, 2.0, 3.0, 4.0]  # no sampled set yet: the greedy one
+    save_sts(path, [0.5, 0.6, 0.7, 0.8], {"acceptance": "T=1"}, regime="sampled")
+    assert load_sts(path) == [1.0, 2.0, 3.0, 4.0] and load_sts(path, "sampled") == [0.5, 0.6, 0.7, 0.8]
+    save_sts(path, [1.5, 2.0, 3.0, 4.0], {"acceptance": "greedy"})  # a greedy refit keeps the sampled set
+    assert load_sts(path, "sampled") == [0.5, 0.6, 0.7, 0.8] and load_sts(path)[0] == 1.5
+    model_dir = write_checkpoint(tmp_path / "ckpt", tiny_config_dict())
+    os.replace(path, model_dir / "sts.json")
+    loaded = load_drafter(model_dir)
+    assert loaded.sts_temperatures[0] == 1.5 and loaded.sts_temperatures_sampled == [0.5, 0.6, 0.7, 0.8]
+    doc = json.loads((model_dir / "sts.json").read_text())
+    doc["temperatures_sampled"] = [1.0, -2.0, 1.0, 1.0]
+    (model_dir / "sts.json").write_text(json.dumps(doc))
+    with pytest.raises(StsFileError, match="temperatures_sampled"):
+        load_drafter(model_dir)
