@@ -1,6 +1,6 @@
 """Offline acceptance eval: HF target + DSpark drafter, batch 1, full-block verification (reference §3).
 
-python -m sglang_dspark.eval_acceptance --target DIR --drafter DIR [--dataset X.jsonl ...] [--limit N]
+python -m sglang_dspark.eval_acceptance [--target DIR] [--drafter DIR] [--dataset X.jsonl ...] [--limit N]
     [--max-new-tokens M] [--temperature T] [--seed S] [--json OUT] [--plots DIR]
 
 Reports tau (bonus included), conditional acceptance and survival by position, and ECE / AUC of the predicted
@@ -30,8 +30,10 @@ _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sglang_dspark.eval_acceptance", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="HF target directory")
-    p.add_argument("--drafter", required=True, help="drafter checkpoint directory")
+    p.add_argument("--target", default=None, help="HF target directory (default: the embedded model)")
+    p.add_argument("--drafter", default=None, help="drafter checkpoint directory (default: the shipped drafter)")
+    p.add_argument("--full-draft-vocab", action="store_true",
+                   help="ignore the drafter's draft_vocab.safetensors (propose over the whole vocabulary)")
     p.add_argument("--dataset", action="append", default=None, help="JSONL of {turns}; repeatable "
                    "(default: gsm8k, humaneval, mt-bench under $SGLANG_DSPARK_DATA or ../shared/data)")
     p.add_argument("--limit", type=int, default=0, help="prompts per dataset (0 = all)")
@@ -56,7 +58,8 @@ def run(args) -> dict:
 
     hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype)
     drafter = load_drafter(args.drafter, hf.get_input_embeddings().weight.detach(),
-                           hf.get_output_embeddings().weight.detach(), dtype=dtype, device=device)
+                           hf.get_output_embeddings().weight.detach(), dtype=dtype, device=device,
+                           draft_vocab=not getattr(args, "full_draft_vocab", False))
     target = HFTarget(args.target, drafter.config.target_layer_ids, model=hf, device=device)
     stop_ids = target.stop_token_ids(tokenizer)
     regime = "greedy" if args.temperature <= 0 else "sampled"  # drafter/sts.py: calibrated per acceptance rule
@@ -107,7 +110,12 @@ def run(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run(build_parser().parse_args(argv))
+    from .embedded import DEFAULT_DRAFTER_DIR, DEFAULT_TARGET_DIR
+
+    args = build_parser().parse_args(argv)
+    args.target = args.target or str(DEFAULT_TARGET_DIR)
+    args.drafter = args.drafter or str(DEFAULT_DRAFTER_DIR)
+    return run(args)
 
 
 if __name__ == "__main__":
