@@ -91,7 +91,8 @@ def speculative_generate(target: HFTarget, drafter, prompt_ids: list[int], max_n
         n = drafts.shape[0]
         verify_ids = torch.cat([torch.tensor([anchor], device=dev), drafts])[None]
         last, feats = target.forward(verify_ids, torch.arange(start, start + n + 1, device=dev)[None], cache)
-        q_logits = prop.dense_logits(drafter.config.vocab_size)[0]
+        vocab = getattr(prop, "vocab", None)  # reduced draft vocabulary: q is zero outside it
+        q_logits = prop.logits[0] if vocab is None else prop.dense_logits(drafter.config.vocab_size)[0]
         a, bonus = verify_block(drafts, q_logits, target.logits(last[0]), temperature, generator)
         accepted = drafts[:a].tolist()
         hit = [i for i, t in enumerate(accepted) if t in stop]
