@@ -380,7 +380,34 @@ def markdown_body(meta: dict, rows: list[dict], out: Path) -> str:
             f"{meta.get('max_tokens')} output tokens, ignore_eos, streaming). JSON: `{shown}`. "
             f"tau = tokens per target forward per request; mean_verify_len = drafts verified per request-step; "
             f"wasted = verified but rejected drafts (level total).\n\n")
-    return body + markdown_table(rows, ROW_COLUMNS)
+    body += markdown_table(rows, ROW_COLUMNS)
+    gains = matched_aggregate_gain(rows, "dspark", "fixed:1")
+    if gains:
+        body += ("\n\nPer-user speed of dspark vs fixed:1 at the same aggregate throughput (T=0; dspark's frontier "
+                 "interpolated at each fixed:1 point):\n\n" + markdown_table(gains, list(gains[0])))
+    return body
+
+
+def matched_aggregate_gain(rows: list[dict], policy: str, baseline: str, temperature: float = 0.0) -> list[dict]:
+    """Per-user speed of `policy` vs `baseline` at the same aggregate throughput: for every baseline point, the
+    policy's per-user median interpolated (linearly in aggregate tok/s) along its own frontier. Points outside
+    the policy's measured aggregate range are left out (no extrapolation)."""
+    def curve(name):
+        pts = sorted((r["aggregate_tok_s"], r["per_user_tok_s_median"]) for r in rows
+                     if r["policy"] == name and abs(r["temperature"] - temperature) < 1e-6
+                     and r.get("aggregate_tok_s") and r.get("per_user_tok_s_median"))
+        return pts
+
+    ours, base = curve(policy), curve(baseline)
+    out = []
+    for agg, user in base:
+        for (a0, u0), (a1, u1) in zip(ours, ours[1:]):
+            if a0 <= agg <= a1:
+                mine = u0 + (u1 - u0) * (agg - a0) / (a1 - a0) if a1 > a0 else max(u0, u1)
+                out.append({"aggregate_tok_s": agg, f"{baseline}_per_user": user, f"{policy}_per_user": round(mine, 3),
+                            "gain": round(mine / user - 1.0, 3)})
+                break
+    return out
 
 
 def _series(rows: list[dict]):

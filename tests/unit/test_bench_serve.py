@@ -176,3 +176,15 @@ def test_url_mode_and_markdown(env, monkeypatch):
     assert rows[0]["policy"] == "dspark" and rows[0]["tau"] is None  # no trace file given for that server
     body = sections["serve"]
     assert "python -m sglang_dspark.bench serve" in body and "| policy | concurrency | temperature |" in body
+
+
+def test_matched_aggregate_gain_interpolates_along_the_frontier():
+    from sglang_dspark.bench.serve import matched_aggregate_gain
+
+    rows = [{"policy": "dspark", "temperature": 0.0, "aggregate_tok_s": a, "per_user_tok_s_median": u}
+            for a, u in [(10, 10), (30, 6), (50, 2)]]
+    rows += [{"policy": "fixed:1", "temperature": 0.0, "aggregate_tok_s": a, "per_user_tok_s_median": u}
+             for a, u in [(5, 5), (20, 4), (40, 1), (60, 0.5)]]
+    gains = matched_aggregate_gain(rows, "dspark", "fixed:1")
+    # 5 and 60 are outside dspark's measured range; 20 -> 8 per user (+100%), 40 -> 4 (+300%)
+    assert [(g["aggregate_tok_s"], g["dspark_per_user"], g["gain"]) for g in gains] == [(20, 8.0, 1.0), (40, 4.0, 3.0)]
