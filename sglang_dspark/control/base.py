@@ -26,6 +26,7 @@ class BatchContext:
     step_index: int = 0
     true_accept_lens: torch.Tensor | None = None
     plain_step_s: float | None = None  # predicted plain-decode step (worker's fast path); None: not available
+    verify_scale: float = 1.0  # measured / predicted verify step time at the current operating point
 
     @property
     def kv_tokens(self) -> int:

@@ -31,7 +31,7 @@ def ranked_candidates(surv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def expected_throughput(sorted_surv: torch.Tensor, num_requests: int, kv_tokens: int, cost_model,
                         opens_request: torch.Tensor | None = None, draft_cost=None,
-                        plain_step_s: float | None = None) -> torch.Tensor:
+                        plain_step_s: float | None = None, verify_scale: float = 1.0) -> torch.Tensor:
     """theta[k] for k = 0..n admitted candidates (k = 0: anchors only). Float64[n + 1].
 
     With `draft_cost` (d0 + d1 * requests, control/draft_cost.py) and `opens_request` (Bool[n]: the ranked
@@ -40,13 +40,11 @@ def expected_throughput(sorted_surv: torch.Tensor, num_requests: int, kv_tokens:
     """
     tau = num_requests + torch.cat([sorted_surv.new_zeros(1), sorted_surv.cumsum(0)]).double()
     tokens = num_requests + torch.arange(sorted_surv.numel() + 1, device=sorted_surv.device, dtype=torch.float64)
-    sps = cost_model.sps(tokens, num_requests, kv_tokens)
-    if draft_cost is None or opens_request is None or (draft_cost.d0 <= 0 and draft_cost.d1 <= 0):
-        theta = tau * sps
-    else:
+    step_s = verify_scale / cost_model.sps(tokens, num_requests, kv_tokens)
+    if draft_cost is not None and opens_request is not None and (draft_cost.d0 > 0 or draft_cost.d1 > 0):
         opened = torch.cat([opens_request.new_zeros(1), opens_request]).double().cumsum(0)
-        step_s = 1.0 / sps + draft_cost.d1 * opened + draft_cost.d0 * (opened > 0).double()
-        theta = tau / step_s
+        step_s = step_s + draft_cost.d1 * opened + draft_cost.d0 * (opened > 0).double()
+    theta = tau / step_s
     if plain_step_s is not None and plain_step_s > 0:
         theta[0] = num_requests / plain_step_s
     return theta
@@ -68,7 +66,7 @@ def lengths_from_admitted(order: torch.Tensor, num_admitted: int, num_requests: 
 
 
 def algorithm1(conf: torch.Tensor, num_requests: int, kv_tokens: int, cost_model, draft_cost=None,
-               plain_step_s: float | None = None) -> torch.Tensor:
+               plain_step_s: float | None = None, verify_scale: float = 1.0) -> torch.Tensor:
     """Verify lengths Long[R] chosen by Algorithm 1 (with the lossless early break).
 
     draft_cost: charge each verified request its next draft pass (see expected_throughput). Still lossless: which
@@ -78,7 +76,7 @@ def algorithm1(conf: torch.Tensor, num_requests: int, kv_tokens: int, cost_model
         return torch.zeros(num_rows, dtype=torch.long, device=conf.device)
     order, ranked = ranked_candidates(survival(conf))
     theta = expected_throughput(ranked, num_requests, kv_tokens, cost_model, order % gamma == 0, draft_cost,
-                                plain_step_s)
+                                plain_step_s, verify_scale)
     return lengths_from_admitted(order, first_non_improvement(theta, ranked), num_rows, gamma)
 
 
@@ -98,7 +96,8 @@ class DSparkPolicy(CostModelFeedback, VerifyLengthPolicy):
 
     def choose(self, conf: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
         conf = conf[:, : self.gamma]
-        lengths = algorithm1(conf, conf.shape[0], ctx.kv_tokens, self.cost_model, self.draft_cost, ctx.plain_step_s)
+        lengths = algorithm1(conf, conf.shape[0], ctx.kv_tokens, self.cost_model, self.draft_cost, ctx.plain_step_s,
+                             ctx.verify_scale)
         self.last_unsatisfied = None
         if ctx.min_user_tps is not None:
             sla = apply_sla(lengths, survival(conf), ctx.min_user_tps, ctx.kv_tokens, self.cost_model)

@@ -55,12 +55,13 @@ class DSparkAsyncPolicy(CostModelFeedback, VerifyLengthPolicy):
         self.last_capacity: int | None = None
 
     def capacity_from(self, stale_sorted_survival: torch.Tensor, num_requests: int, kv_tokens: int,
-                      stale_opens: torch.Tensor | None = None, plain_step_s: float | None = None) -> int:
+                      stale_opens: torch.Tensor | None = None, plain_step_s: float | None = None,
+                      verify_scale: float = 1.0) -> int:
         """K = argmax over every k of expected throughput, on the stale survival curve (no early break)."""
         ranked = resample_sorted(stale_sorted_survival, num_requests * self.gamma)
         opens = None if stale_opens is None else resample_sorted(stale_opens.double(), ranked.numel()) > 0
         theta = expected_throughput(ranked, num_requests, kv_tokens, self.cost_model, opens, self.draft_cost,
-                                    plain_step_s)
+                                    plain_step_s, verify_scale)
         return int(theta.argmax())
 
     def choose(self, conf: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
@@ -73,8 +74,10 @@ class DSparkAsyncPolicy(CostModelFeedback, VerifyLengthPolicy):
         self._past_sorted_survival.append(ranking[1].detach().clone())
         self._past_opens.append(ranking[0] % max(self.gamma, 1) == 0)
         if stale is None:
-            lengths = algorithm1(conf, num_rows, ctx.kv_tokens, self.cost_model, self.draft_cost, ctx.plain_step_s)
+            lengths = algorithm1(conf, num_rows, ctx.kv_tokens, self.cost_model, self.draft_cost, ctx.plain_step_s,
+                                 ctx.verify_scale)
             self.last_capacity = int(lengths.sum())
             return lengths
-        self.last_capacity = self.capacity_from(stale, num_rows, ctx.kv_tokens, stale_opens, ctx.plain_step_s)
+        self.last_capacity = self.capacity_from(stale, num_rows, ctx.kv_tokens, stale_opens, ctx.plain_step_s,
+                                                ctx.verify_scale)
         return top_k_lengths(conf, self.last_capacity, ranking)

@@ -254,7 +254,8 @@ class DSparkExtWorker(BaseSpecWorker):
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
                                temperatures=draft_temps, last_step_time_s=self.counters.last_step_s,
                                min_user_tps=request_floors(batch.reqs, self.options.min_user_tps),
-                               plain_step_s=plain_s)
+                               plain_step_s=plain_s,
+                               verify_scale=1.0 if self.plain_gate is None else self.plain_gate.kappa)
             policy = self.profile_policy if self.costs.profiling else self.policy
             verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
             verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
@@ -302,6 +303,9 @@ class DSparkExtWorker(BaseSpecWorker):
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
         self.costs.record(int(len(slots)), bs, int(committed.sum()), stats.verify_s)
+        if self.plain_gate is not None and not self.costs.profiling:  # before policy.observe refines the model
+            self.plain_gate.observe_verify(stats.verify_s,
+                                           float(self.cost_model.predict(int(len(slots)), bs, int(committed.sum()))))
 
         accept_lens = accept.accept_lens.to(torch.int64).cpu()
         out_tokens = accept.output_tokens.clamp_min(0).to(torch.int64).cpu()

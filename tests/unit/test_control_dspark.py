@@ -304,3 +304,12 @@ def test_algorithm1_compares_against_a_plain_step_when_it_is_cheaper():
     from sglang_dspark.control import DraftCostModel
     assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01)).tolist() == [2, 0]
     assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01), plain_step_s=0.3).tolist() == [2, 0]
+
+
+def test_algorithm1_verify_scale_makes_verify_steps_dearer():
+    """verify_scale 1.5 on t(T) = 0.1 + 0.01 T: theta = 2/0.18 = 11.1, 2.9/0.195 = 14.9, 3.71/0.21 = 17.7,
+    4.01/0.225 = 17.8, 4.16/0.24 = 17.3 -> still [2, 1]; against a 0.1 s plain step (theta_0 = 20) -> [0, 0]."""
+    conf = torch.tensor([[0.9, 0.9], [0.3, 0.5]])
+    assert algorithm1(conf, 2, 0, _LinearCost(), verify_scale=1.5).tolist() == [2, 1]
+    assert algorithm1(conf, 2, 0, _LinearCost(), plain_step_s=0.1).tolist() == [2, 1]  # theta_1 = 22.3 > 20
+    assert algorithm1(conf, 2, 0, _LinearCost(), plain_step_s=0.1, verify_scale=1.5).tolist() == [0, 0]

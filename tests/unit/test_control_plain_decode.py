@@ -32,3 +32,20 @@ def test_outlier_ratios_are_ignored():
     gate = PlainDecodeGate()
     gate.observe_plain(5.0, 0.01)  # a 500x step is a hiccup, not the engine
     assert gate.rho is None
+
+
+def test_measured_verify_bias_flips_a_marginal_plan():
+    """A plan worth it under the model's verify cost is not once verify steps are measured 1.25x the prediction:
+    plain 2 / (0.8 * 12 ms) = 208 tok/s; verify T=8 with E = 2 * (1 + .9 + .81 + .73) = 6.9 tokens: 20 ms -> 344
+    tok/s (plan stands), kappa 2.0 -> 40 ms -> 172 tok/s (plain). kappa is an EWMA: it converges to the ratio."""
+    cost, gate = _cost(), PlainDecodeGate()
+    gate.observe_plain(measured_s=0.0096, predicted_verify_s=0.012)
+    lengths = torch.tensor([3, 3])
+    conf = torch.full((2, 4), 0.9)
+    assert torch.equal(gate.choose(lengths, conf, cost, 0), lengths)
+    for _ in range(60):
+        gate.observe_verify(measured_s=0.040, predicted_verify_s=0.020)
+    assert abs(gate.kappa - 2.0) < 1e-3
+    assert torch.equal(gate.choose(lengths, conf, cost, 0), torch.zeros(2, dtype=torch.long))
+    gate.observe_verify(measured_s=5.0, predicted_verify_s=0.020)  # a hiccup (ratio 250) is ignored
+    assert abs(gate.kappa - 2.0) < 1e-3
