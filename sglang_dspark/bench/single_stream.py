@@ -95,8 +95,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     if not args.no_markdown:
         update_section("single_stream", f"Command: `{meta['command']}` ({meta['date']}; concurrency 1, "
                        f"{args.requests} prompts per cell, {args.max_tokens} output tokens, ignore_eos). "
-                       f"JSON: `{out}`.\n\n" + markdown_table(rows, COLUMNS))
+                       f"JSON: `{_shown(out)}`.\n\n" + markdown_table(rows, COLUMNS))
     return rows
+
+
+def _shown(path: Path) -> Path:
+    try:
+        return path.resolve().relative_to(RESULTS_DIR.parents[1])
+    except ValueError:
+        return path
 
 
 def _cli_argv() -> list[str]:
