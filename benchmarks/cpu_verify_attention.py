@@ -15,9 +15,12 @@ import statistics
 import time
 from pathlib import Path
 
+import sys
+
 import torch
 
-from kernels.cpu_verify_attention import chain_attention_sdpa
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's kernels/ package, not benchmarks/kernels.py
+from kernels.cpu_verify_attention import chain_attention_sdpa  # noqa: E402
 
 H, HKV, HD, LAYERS = 14, 2, 64, 24
 

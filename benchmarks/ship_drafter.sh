@@ -10,10 +10,14 @@ SHIP=models/drafters/dspark-qwen2.5-coder-0.5b-instruct
 RES=benchmarks/results
 LIMIT=${LIMIT:-4}; TOKENS=${TOKENS:-64}
 
-# STS on held-out cache samples, greedy acceptance labels (the serving default is T=0).
-$PY -m sglang_dspark.train calibrate --cache runs/cache --drafter "$DSPARK" --temperature 0 --max-samples 16
+# STS on the held-out split (the fit's --holdout-fraction), one temperature set per regime: greedy labels for
+# T=0 requests, T=1 rejection-sampling labels for sampled ones; then the reduced draft vocabulary.
+$PY -m sglang_dspark.train calibrate --cache runs/cache --drafter "$DSPARK" --temperature 0 --holdout-fraction 0.1
+$PY -m sglang_dspark.train calibrate --cache runs/cache --drafter "$DSPARK" --temperature 1 --holdout-fraction 0.1
+$PY -m sglang_dspark.train draft-vocab --data runs/data/generated.jsonl --data runs/data/extra_text.jsonl \
+    --drafter "$DSPARK" --size 32768
 mkdir -p "$SHIP"
-cp "$DSPARK/config.json" "$DSPARK/model.safetensors" "$DSPARK/sts.json" "$SHIP/"
+cp "$DSPARK/config.json" "$DSPARK/model.safetensors" "$DSPARK/sts.json" "$DSPARK/draft_vocab.safetensors" "$SHIP/"
 
 for T in 0 1; do
   OMP_NUM_THREADS=1 $PY -m sglang_dspark.eval_acceptance --target $TARGET --drafter "$SHIP" --limit $LIMIT \

@@ -18,7 +18,9 @@ every policy), l = policy.choose(conf, ctx), accepted = min(A, l). The step is m
   * the plain-decode gate (dspark, dspark-async, sps-topk, as in the worker) may turn a verify plan into plain
     decoding; a step with l = 0 everywhere costs a plain decode step (fitted from the trace's plain steps, which
     the worker marks) instead of a verify step;
-  * step time = verify (or plain) cost + draft time d0 + d1 * (requests drafted), fitted from the trace's draft_s.
+  * step time = verify (or plain) cost + draft time d0 + d1 * (requests drafted), fitted from the trace's draft_s,
+    + overhead o0 + o1 * R: the wall-clock gap between consecutive traced steps minus their draft and forward time
+    (scheduler work, streaming, and the prefills of requests joining), fitted from trace rows that carry "t".
 goodput = sum(accepted + 1) / sum(step time).
 The verify cost model is --cost-model (an EngineCostModel JSON; it predicts the verify forward only, like the
 worker's) or is fitted from the traces' verify steps. `oracle` knows A (BatchContext.true_accept_lens), drafts only
@@ -56,6 +58,7 @@ SKIPPED_CONF_LOGIT = -30.0  # worker.py _draft: confidence logit of requests it 
 NOT_SIMULATED = {"ngram"}  # no confidences in the trace for SGLang's own drafters
 GATED_POLICIES = ("dspark", "dspark-async", "sps-topk")  # as sglang_plugin/worker.py GATED_CONTROLLERS
 PROBE_FIRST, PROBE_MAX_GAP = 4, 32  # as the worker's draft-skip probe schedule
+MAX_STEP_GAP_S = 2.0
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -71,6 +74,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-skip", default="probe", choices=["probe", "off", "free"],
                    help="probe: the worker's draft skipping (default); off: draft every request every step; "
                         "free: a request with l = 0 costs no draft time (optimistic bound)")
+    p.add_argument("--no-overhead", action="store_true",
+                   help="leave the per-step time outside draft + forward (from trace timestamps) out")
     p.add_argument("--no-plain-steps", action="store_true",
                    help="cost l = 0 steps as verify steps (no plain-decode fast path, no gate)")
     p.add_argument("--no-draft-cost", action="store_true", help="leave draft time out of the step time")
@@ -94,6 +99,7 @@ class TraceData:
     draft_samples: list[tuple[int, float]]  # (R, draft_s) per step
     num_censored: int
     plain_samples: list[tuple[int, int, float]] = None  # (R, K, seconds) per plain-decode step
+    overhead_samples: list[tuple[int, float]] = None  # (R, seconds outside draft + forward) per step
 
     @property
     def gamma(self) -> int:
@@ -128,14 +134,21 @@ def num_drafted(step: dict) -> int:
 
 
 def load_traces(paths: list[Path]) -> TraceData:
-    confs, accepts, kvs, costs, drafts, plains = [], [], [], [], [], []
+    confs, accepts, kvs, costs, drafts, plains, overheads = [], [], [], [], [], [], []
     gamma, censored = None, 0
     for path in paths:
+        last_t = None
         with open(path) as f:
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 step = json.loads(line)
+                if "t" in step:
+                    if last_t is not None:
+                        gap = float(step["t"]) - last_t - float(step.get("draft_s", 0.0)) - float(step["verify_s"])
+                        if 0.0 <= gap < MAX_STEP_GAP_S:  # a longer gap is idle time between benchmark levels
+                            overheads.append((len(step["verify_lens"]), gap))
+                    last_t = float(step["t"])
                 verify, accept, kv, conf = step["verify_lens"], step["accept_lens"], step["kv_lens"], step["conf"]
                 if not verify:
                     continue
@@ -159,7 +172,7 @@ def load_traces(paths: list[Path]) -> TraceData:
     if not confs:
         raise SystemExit(f"sim: no uncensored request-rows in {len(paths)} trace file(s); record with fixed:<gamma>")
     return TraceData(torch.tensor(confs, dtype=torch.float32), torch.tensor(accepts, dtype=torch.long),
-                     torch.tensor(kvs, dtype=torch.long), costs, drafts, censored, plains)
+                     torch.tensor(kvs, dtype=torch.long), costs, drafts, censored, plains, overheads)
 
 
 # ------------------------------------------------------------------------------------------------ cost models
@@ -196,6 +209,29 @@ def fit_plain_cost(samples: list[tuple[int, int, float]]) -> EngineCostModel | N
     model = EngineCostModel(coef=(a, 0.0, c, d))
     model.num_fit_samples = len(arr)
     return model
+
+
+@dataclass
+class StepOverhead:
+    """Per-step time outside the draft pass and the target forward: o0 + o1 * R (0 without timestamped traces)."""
+
+    o0: float = 0.0
+    o1: float = 0.0
+
+    @classmethod
+    def fit(cls, samples: list[tuple[int, float]] | None) -> "StepOverhead":
+        arr = np.asarray(samples or [], dtype=float)
+        if len(arr) < 8:
+            return cls()
+        R, y = arr.T
+        y = np.minimum(y, 3.0 * np.median(y) + 1e-3)  # a prefill burst must not dominate the fit
+        if len(np.unique(R)) >= 2:
+            o0, o1 = nonnegative_lstsq(np.stack([np.ones_like(R), R], 1), y)
+            return cls(float(o0), float(o1))
+        return cls(float(np.mean(y)), 0.0)
+
+    def __call__(self, num_requests: int) -> float:
+        return self.o0 + self.o1 * num_requests
 
 
 @dataclass
@@ -254,7 +290,8 @@ def batch_indices(pool_size: int, concurrency: int, steps: int, seed: int) -> to
 
 
 def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost, concurrency: int, steps: int,
-             gamma: int, seed: int = 0, draft_skip: str = "probe", plain_cost: EngineCostModel | None = None) -> dict:
+             gamma: int, seed: int = 0, draft_skip: str = "probe", plain_cost: EngineCostModel | None = None,
+             overhead: StepOverhead | None = None) -> dict:
     """plain_cost None: every step is costed as a verify step (no fast path, no gate)."""
     policy = make_sim_policy(spec, cost, draft, concurrency, gamma, draft_skip)
     gate = PlainDecodeGate() if plain_cost is not None and spec.split(":")[0] in GATED_POLICIES else None
@@ -300,7 +337,7 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
                 gate.observe_plain(verify_s, float(cost.predict(concurrency, concurrency, kv_tokens)))
         else:
             verify_s = float(cost.predict(concurrency + int(lengths.sum()), concurrency, kv_tokens))
-        step_s = verify_s + draft(drafted)
+        step_s = verify_s + draft(drafted) + (overhead(concurrency) if overhead is not None else 0.0)
         drafted_total += drafted
         if policy is not None and not plain:
             policy.observe(StepOutcome(verify_lens=lengths, accept_lens=accepted, step_time_s=verify_s, kv_lens=kv))
@@ -356,6 +393,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         Path(args.save_cost_model).write_text(json.dumps(cost.to_dict(), indent=2) + "\n")
     draft = DraftCost() if args.no_draft_cost else DraftCost.fit(data.draft_samples)
     plain_cost = None if args.no_plain_steps else fit_plain_cost(data.plain_samples or [])
+    overhead = StepOverhead() if args.no_overhead else StepOverhead.fit(data.overhead_samples)
     if plain_cost is None and not args.no_plain_steps:
         print("sim: no plain-decode steps in the traces (record a dspark or threshold run too); l = 0 steps are "
               "costed as verify steps", file=sys.stderr)
@@ -364,11 +402,12 @@ def run(args: argparse.Namespace) -> list[dict]:
           f"left out), {len(data.cost_samples)} steps, gamma={gamma}, mean true accept "
           f"{data.true_accept.clamp(max=gamma).float().mean():.2f}; verify cost coef {cost.coef}; "
           f"draft d0={draft.d0:.3g}s d1={draft.d1:.3g}s/request; plain decode coef "
-          f"{None if plain_cost is None else plain_cost.coef}", flush=True)
+          f"{None if plain_cost is None else plain_cost.coef}; step overhead o0={overhead.o0:.3g}s "
+          f"o1={overhead.o1:.3g}s/request", flush=True)
 
     def sim(policy: str, concurrency: int) -> dict:
         return simulate(policy, data, cost, draft, concurrency, args.steps, gamma, args.seed, args.draft_skip,
-                        plain_cost)
+                        plain_cost, overhead)
 
     rows = [sim(p, c) for p, c in tqdm([(p, c) for p in policies for c in args.concurrency], desc="sim")]
     for r in rows:
@@ -386,6 +425,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "cost_model": args.cost_model or "fitted from traces", "verify_cost": cost.to_dict(),
             "draft_cost": {"d0": draft.d0, "d1": draft.d1}, "temperature": args.temperature,
             "plain_cost": None if plain_cost is None else plain_cost.to_dict(),
+            "step_overhead": {"o0": overhead.o0, "o1": overhead.o1, "samples": len(data.overhead_samples or [])},
             "num_request_rows": len(data.true_accept), "num_censored": data.num_censored,
             "command": "python -m sglang_dspark.bench sim " + shlex.join(_cli_argv())}
     out = Path(args.out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -90,5 +91,6 @@ class StepTrace:
             "draft_s": round(stats.draft_s, 6),
             "verify_s": round(stats.verify_s, 6),
             "plain": bool(stats.plain_decode),  # verify_s timed SGLang's plain decode forward
+            "t": round(time.time(), 4),  # wall clock at the step's end: gaps = scheduler work + prefills between
             "drafted": [int(x) for x in (stats.drafted or [])],
         }) + "\n")

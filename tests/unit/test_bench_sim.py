@@ -188,3 +188,25 @@ def test_gate_turns_expensive_verify_into_plain_steps(trace):
     assert gated["plain_step_share"] == 0.0  # fixed:G keeps its lengths (no gate), as in the worker
     row = sim.simulate("sps-topk", data, expensive, sim.DraftCost(*DRAFT), 4, 30, GAMMA, plain_cost=plain)
     assert row["plain_step_share"] > 0.9
+
+
+def test_step_overhead_comes_from_trace_timestamps(tmp_path):
+    """Rows with wall-clock "t": the gap between steps minus draft + forward is the overhead o0 + o1 * R."""
+    path = tmp_path / "t.jsonl"
+    t, lines = 100.0, []
+    for s in range(40):
+        R = [1, 2, 4, 8][s % 4]
+        draft_s, verify_s = 0.01, 0.05 + 0.01 * R
+        t += draft_s + verify_s + 0.002 + 0.001 * R
+        lines.append(json.dumps({"kv_lens": [100] * R, "conf": [[0.5] * GAMMA] * R, "conf_logits": [[0.0] * GAMMA] * R,
+                                 "verify_lens": [GAMMA] * R, "accept_lens": [1] * R, "draft_s": draft_s,
+                                 "verify_s": verify_s, "t": t}))
+    lines.append(json.dumps({"kv_lens": [100], "conf": [[0.5] * GAMMA], "conf_logits": [[0.0] * GAMMA],
+                             "verify_lens": [GAMMA], "accept_lens": [1], "draft_s": 0.01, "verify_s": 0.06,
+                             "t": t + 30.0}))  # idle gap between levels: not overhead
+    path.write_text("\n".join(lines) + "\n")
+    data = sim.load_traces([path])
+    assert len(data.overhead_samples) == 39
+    over = sim.StepOverhead.fit(data.overhead_samples)
+    assert (over.o0, over.o1) == (pytest.approx(0.002, abs=1e-6), pytest.approx(0.001, abs=1e-6))
+    assert sim.StepOverhead.fit([]) (4) == 0.0
