@@ -111,7 +111,7 @@ def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
     algo = (_flag_value(argv, "--speculative-algorithm") or "").upper()
     if algo != ALGORITHM_NAME or "--dspark-no-profile" in argv or _has_flag(argv, "--dspark-cost-model-path"):
         return False
-    from sglang_dspark.sglang_plugin.cost_profile import cache_path, cost_key
+    from sglang_dspark.sglang_plugin.cost_profile import cache_path, cost_key, verify_attention_kind
 
     model = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
     dtype = _flag_value(argv, "--dtype") or "auto"
@@ -123,9 +123,9 @@ def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
             dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
         except (OSError, ValueError):
             dtype = "bfloat16"
-    chain = (_flag_value(argv, "--attention-backend") == "torch_native"
-             and "--dspark-sglang-verify-attention" not in argv)
-    key = cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu", "chain-sdpa" if chain else "sglang")
+    attention = verify_attention_kind(_flag_value(argv, "--attention-backend"),
+                                      "--dspark-sglang-verify-attention" not in argv)
+    key = cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu", attention)
     return not cache_path(key).exists()
 
 

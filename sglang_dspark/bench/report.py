@@ -34,6 +34,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def shown_path(path: Path) -> Path:
+    """A results path as BENCHMARKS.md shows it: relative to the repository root when inside it."""
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        return Path(path)
+
+
 def update_section(section: str, body: str) -> None:
     """Replace the text between `<!-- section:begin -->` and `<!-- section:end -->` (append if absent)."""
     begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"

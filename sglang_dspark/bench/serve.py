@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_dspark.bench.load import run_load_sync
-from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_section
+from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, shown_path, update_section
 from sglang_dspark.bench.server import ServerProcess
 
 DEFAULT_POLICIES = "none,ngram,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async"
@@ -372,10 +372,7 @@ def _one_line(row: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ reporting
 def markdown_body(meta: dict, rows: list[dict], out: Path) -> str:
-    try:
-        shown = out.resolve().relative_to(RESULTS_DIR.parents[1])
-    except ValueError:
-        shown = out
+    shown = shown_path(out)
     body = (f"Command: `{meta.get('command')}` ({meta.get('date')}, {meta.get('machine')}; "
             f"{meta.get('max_tokens')} output tokens, ignore_eos, streaming). JSON: `{shown}`. "
             f"tau = tokens per target forward per request; mean_verify_len = drafts verified per request-step; "

@@ -48,6 +48,7 @@ from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_secti
 from sglang_dspark.control import BatchContext, EngineCostModel, PlainDecodeGate, StepOutcome, make_policy
 from sglang_dspark.control.cost_model import nonnegative_lstsq
 from sglang_dspark.control.draft_skip import probe_due
+from sglang_dspark.control.plain_decode import GATED_POLICIES
 
 DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -56,8 +57,6 @@ ROW_COLUMNS = ["policy", "concurrency", "goodput_tok_s", "per_user_tok_s", "tau"
 COST_FEATURE_SCALE = np.array([1.0, 256.0, 64.0, 65536.0])  # as control/cost_model.py: well-conditioned lstsq
 SKIPPED_CONF_LOGIT = -30.0  # worker.py _draft: confidence logit of requests it did not draft for
 NOT_SIMULATED = {"ngram"}  # no confidences in the trace for SGLang's own drafters
-GATED_POLICIES = ("dspark", "dspark-async", "sps-topk")  # as sglang_plugin/worker.py GATED_CONTROLLERS
-PROBE_FIRST, PROBE_MAX_GAP = 4, 32  # as the worker's draft-skip probe schedule
 MAX_STEP_GAP_S = 2.0
 
 
@@ -211,6 +210,19 @@ def fit_plain_cost(samples: list[tuple[int, int, float]]) -> EngineCostModel | N
     return model
 
 
+def fit_affine(samples) -> tuple[float, float] | None:
+    """Non-negative a + b * n from (n, seconds) samples; None without samples or when every n is the same (then a
+    and b cannot be told apart and each caller has its own fallback)."""
+    arr = np.asarray(samples or [], dtype=float)
+    if len(arr) == 0:
+        return None
+    n, y = arr.T
+    if len(np.unique(n)) < 2:
+        return None
+    a, b = nonnegative_lstsq(np.stack([np.ones_like(n), n], 1), y)
+    return float(a), float(b)
+
+
 @dataclass
 class StepOverhead:
     """Per-step time outside the draft pass and the target forward: o0 + o1 * R (0 without timestamped traces)."""
@@ -220,14 +232,11 @@ class StepOverhead:
 
     @classmethod
     def fit(cls, samples: list[tuple[int, float]] | None) -> "StepOverhead":
-        arr = np.asarray(samples or [], dtype=float)
-        if len(arr) < 8:
+        # prefill steps of joining requests stay in: a closed-loop load pays them every request
+        if len(samples or []) < 8:
             return cls()
-        R, y = arr.T  # prefill steps of joining requests stay in: a closed-loop load pays them every request
-        if len(np.unique(R)) >= 2:
-            o0, o1 = nonnegative_lstsq(np.stack([np.ones_like(R), R], 1), y)
-            return cls(float(o0), float(o1))
-        return cls(float(np.mean(y)), 0.0)
+        fit = fit_affine(samples)
+        return cls(*fit) if fit is not None else cls(float(np.mean([y for _, y in samples])), 0.0)
 
     def __call__(self, num_requests: int) -> float:
         return self.o0 + self.o1 * num_requests
@@ -242,14 +251,13 @@ class DraftCost:
 
     @classmethod
     def fit(cls, samples: list[tuple[int, float]]) -> "DraftCost":
-        arr = np.asarray(samples, dtype=float)
-        if len(arr) == 0 or arr[:, 1].sum() <= 0:
+        if not samples or sum(y for _, y in samples) <= 0:
             return cls()
-        R, y = arr.T
-        if len(np.unique(R)) >= 2:
-            d0, d1 = nonnegative_lstsq(np.stack([np.ones_like(R), R], 1), y)
-            return cls(float(d0), float(d1))
-        return cls(0.0, float(y.sum() / max(R.sum(), 1.0)))  # one batch size: a measured per-request cost
+        fit = fit_affine(samples)
+        if fit is not None:
+            return cls(*fit)
+        # one batch size: a measured per-request cost
+        return cls(0.0, sum(y for _, y in samples) / max(sum(n for n, _ in samples), 1.0))
 
     def __call__(self, num_drafted: int) -> float:
         return self.d0 + self.d1 * num_drafted if num_drafted > 0 else 0.0
@@ -313,7 +321,7 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
         else:
             active = torch.ones(concurrency, dtype=torch.bool)
             if draft_skip == "probe" and spec != "oracle":
-                active = probe_due(streak, PROBE_FIRST, PROBE_MAX_GAP)
+                active = probe_due(streak)  # the worker's schedule
                 conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
             ctx = BatchContext(num_requests=concurrency, kv_lens=kv, last_step_time_s=last_s, step_index=step,
                                true_accept_lens=truth,

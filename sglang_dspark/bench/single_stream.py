@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_dspark.bench.prompts import load_prompts
-from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_section
+from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, shown_path, update_section
 from sglang_dspark.bench.serve import TraceTail, _server, get_ready, measure_level, parse_policies
 
 DATASETS = ("gsm8k", "humaneval", "mt-bench")
@@ -95,15 +95,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     if not args.no_markdown:
         update_section("single_stream", f"Command: `{meta['command']}` ({meta['date']}; concurrency 1, "
                        f"{args.requests} prompts per cell, {args.max_tokens} output tokens, ignore_eos). "
-                       f"JSON: `{_shown(out)}`.\n\n" + markdown_table(rows, COLUMNS))
+                       f"JSON: `{shown_path(out)}`.\n\n" + markdown_table(rows, COLUMNS))
     return rows
-
-
-def _shown(path: Path) -> Path:
-    try:
-        return path.resolve().relative_to(RESULTS_DIR.parents[1])
-    except ValueError:
-        return path
 
 
 def _cli_argv() -> list[str]:

@@ -114,7 +114,7 @@ class CalibrationMonitor:
         logits = conf_logits.detach().float().cpu()
         verify_lens, accept_lens = verify_lens.cpu().long(), accept_lens.cpu().long()
         positions = torch.arange(self.gamma).unsqueeze(0)
-        pred = torch.cumprod(self.calibrate(logits, None if sampled is None else sampled.cpu()).double(), 1)
+        pred = torch.cumprod(self.calibrate(logits, sampled).double(), 1)
         verified = positions < verify_lens.unsqueeze(1)
         label = (positions < accept_lens.unsqueeze(1)).double()
         bins = (pred * self.num_bins).long().clamp(0, self.num_bins - 1)

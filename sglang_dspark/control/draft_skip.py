@@ -9,8 +9,11 @@ max_gap steps.
 
 import torch
 
+PROBE_FIRST, PROBE_MAX_GAP = 4, 32  # re-probe after 4, 8, 16, 32, then every 32 steps
 
-def probe_due(streak: torch.Tensor, first: int = 4, max_gap: int = 32) -> torch.Tensor:
+
+def probe_due(streak: torch.Tensor, first: int = PROBE_FIRST,
+              max_gap: int = PROBE_MAX_GAP) -> torch.Tensor:
     """streak Long[R] (consecutive l = 0 steps) -> Bool[R]: draft for this request this step."""
     s = streak.long()
     power_of_two_multiple = (s >= first) & (s % first == 0) & (((s // first) & (s // first - 1)) == 0)

@@ -22,6 +22,9 @@ import torch
 
 from .base import survival
 
+# Policies whose verify plans the gate may replace by plain decoding (fixed / threshold keep their lengths exactly:
+# they are what A/B measurements ask for).
+GATED_POLICIES = ("dspark", "dspark-async", "sps-topk")
 RHO_BOUNDS = (0.05, 2.0)  # a measured ratio outside this is a hiccup (GC, first-call compile), not the engine
 
 

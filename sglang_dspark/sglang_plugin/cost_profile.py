@@ -34,6 +34,11 @@ def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "
             "verify_attention": verify_attention}
 
 
+def verify_attention_kind(attention_backend: str | None, chain_enabled: bool) -> str:
+    """The `verify_attention` part of the cost key: our chain-only attention runs on torch_native only."""
+    return "chain-sdpa" if chain_enabled and attention_backend == "torch_native" else "sglang"
+
+
 def cache_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return CACHE_DIR / f"{digest}.json"

@@ -27,9 +27,10 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_dspark.control import (BatchContext, CalibrationMonitor, DraftCostModel, PlainDecodeGate, StepOutcome,
                                    make_policy, probe_due, survival, unmet_floors)
+from sglang_dspark.control.plain_decode import GATED_POLICIES
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
-from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key
+from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key, verify_attention_kind
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.request_params import request_floors
@@ -51,8 +52,6 @@ from sglang_dspark.verify.target_dist import process_logits, target_probs
 logger = logging.getLogger(__name__)
 
 
-DRAFT_PROBE_FIRST, DRAFT_PROBE_MAX_GAP = 4, 32  # draft skipping: re-probe after 4, 8, 16, 32, 64, 96... steps
-GATED_CONTROLLERS = ("dspark", "dspark-async", "sps-topk")
 
 
 class DrafterFailure(RuntimeError):
@@ -92,9 +91,9 @@ class DSparkExtWorker(BaseSpecWorker):
             temperatures=(sts_greedy or [1.0] * self.drafter.block_size)[: self.gamma],
             temperatures_sampled=None if sts_sampled is None else sts_sampled[: self.gamma])
         sa = server_args
-        chain = self.options.chain_verify_attention and getattr(sa, "attention_backend", None) == "torch_native"
+        attention = verify_attention_kind(getattr(sa, "attention_backend", None), self.options.chain_verify_attention)
         self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device,
-                                               "chain-sdpa" if chain else "sglang"),
+                                               attention),
                                       self.options.cost_model_path, self.options.profile_cost_model)
         self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
@@ -103,9 +102,8 @@ class DSparkExtWorker(BaseSpecWorker):
             # with draft skipping, a request verified now is drafted again next step: its draft is part of the price
             self.policy.draft_cost = self.draft_cost
         self.profile_policy = make_policy(f"random:{self.gamma}", None, gamma=self.gamma)
-        # cost-aware controllers may also choose plain decoding for the whole batch (fixed / threshold keep their
-        # lengths exactly: they are what A/B measurements ask for)
-        gated = self.options.plain_decode_fast_path and self.options.controller.split(":")[0] in GATED_CONTROLLERS
+        # cost-aware controllers may also choose plain decoding for the whole batch (see GATED_POLICIES)
+        gated = self.options.plain_decode_fast_path and self.options.controller.split(":")[0] in GATED_POLICIES
         self.plain_gate = PlainDecodeGate() if gated else None
         self.counters = WorkerCounters()
         self.context_pool: DraftContextPool | None = None
@@ -215,7 +213,7 @@ class DSparkExtWorker(BaseSpecWorker):
         streak = state.zero_streak
         if not self.options.draft_skip:
             return torch.arange(len(streak))
-        return torch.nonzero(probe_due(streak, DRAFT_PROBE_FIRST, DRAFT_PROBE_MAX_GAP)).view(-1)
+        return torch.nonzero(probe_due(streak)).view(-1)
 
     def _decode(self, batch) -> GenerationBatchResult:
         bs = len(batch.reqs)
