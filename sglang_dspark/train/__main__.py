@@ -1,4 +1,4 @@
-"""python -m sglang_dspark.train {generate,extra-text,capture,fit,calibrate,draft-vocab} ... (each stage resumable)."""
+"""python -m sglang_dspark.train {generate,extra-text,capture,targets,fit,calibrate,draft-vocab} ... (each stage resumable)."""
 
 from __future__ import annotations
 
@@ -71,9 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--log-every", type=int, default=10)
     f.add_argument("--seed", type=int, default=42)
     f.add_argument("--no-resume", action="store_true")
+    f.add_argument("--init-from", default=None,
+                   help="start from this checkpoint's weights with a fresh optimizer and schedule (ignored when "
+                        "<out> already has a checkpoint to resume)")
     f.add_argument("--device", default=None)
 
     from . import vocab
+
+    t = sub.add_parser("targets", help="per-position target top-k ids and log-sum-exp next to a cache (fit reads "
+                                       "them instead of running the full lm_head every step)")
+    t.add_argument("--cache", required=True)
+    t.add_argument("--target", default=None, help="default: the one recorded in the cache")
+    t.add_argument("--top-k", type=int, default=64)
 
     vocab.add_args(sub.add_parser("draft-vocab", help="reduced draft vocabulary from the assistant turns' tokens"))
 
@@ -115,6 +124,9 @@ def main(argv: list[str] | None = None):
     if args.stage == "capture":
         from .capture import run_capture
         return run_capture(args)
+    if args.stage == "targets":
+        from .target_stats import run_targets_cli
+        return run_targets_cli(args)
     if args.stage == "fit":
         from .fit import run_fit
         return run_fit(args)

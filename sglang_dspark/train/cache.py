@@ -6,7 +6,8 @@
                                target_layer_ids), "{i}.last_hidden" bf16 [S, d] (final-normed, lm_head input);
                                safetensors metadata "ids" = JSON list of the sample ids, in order.
 Shards are written whole and renamed into place, so a killed capture loses at most one unflushed shard and a
-rerun skips every sample id already stored. No logits are stored: training recomputes them with lm_head.
+rerun skips every sample id already stored. No logits are stored: `train targets` adds per-position top-k ids and
+log-sum-exp in side files (train/target_stats.py), and fit recomputes the columns it needs with lm_head.
 """
 
 from __future__ import annotations
@@ -116,7 +117,22 @@ class CacheReader:
         f = self._handles[fn]
         out = {k: f.get_tensor(f"{i}.{k}") for k in ("input_ids", "loss_mask", "hidden", "last_hidden")}
         out["id"] = sid
+        side = self._targets_handle(fn)
+        if side is not None:  # target statistics (train/target_stats.py), when computed
+            out["topk_ids"], out["lse"] = side.get_tensor(f"{i}.topk_ids"), side.get_tensor(f"{i}.lse")
         return out
+
+    def _targets_handle(self, fn: str):
+        key = fn + ":targets"
+        if key not in self._handles:
+            side = fn[: -len(".safetensors")] + ".targets.safetensors"
+            self._handles[key] = safe_open(side, framework="pt") if os.path.exists(side) else None
+        return self._handles[key]
+
+    @property
+    def has_targets(self) -> bool:
+        """Every shard has its target statistics file."""
+        return bool(self.entries) and all(self._targets_handle(fn) is not None for fn in self.shard_files(self.path))
 
     def split(self, holdout_fraction: float) -> tuple[list[int], list[int]]:
         train, held = [], []

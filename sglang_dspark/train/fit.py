@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, sample_anchors, save_drafter
 from .cache import CacheReader
-from .losses import candidate_vocab, dspark_losses, loss_weights, target_block_logits
+from .losses import block_positions, candidate_vocab, dspark_losses, loss_weights, target_block_logits
+from .target_stats import target_probs
 from .target import load_target_shared_weights, read_target_config
 
 SHARED = ("embed_tokens.weight", "lm_head.weight")
@@ -98,6 +99,28 @@ def save_checkpoint(out, step, model, optimizer, scheduler, args) -> str:
     return d
 
 
+def _load_trainable(model: DSparkDraftModel, path: str) -> None:
+    """Copy a checkpoint's weights (strict, shared tensors excepted) into `model`, in its dtype."""
+    from safetensors.torch import load_file
+
+    state = {k: v for k, v in load_file(os.path.join(path, "model.safetensors")).items() if k not in SHARED}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in SHARED]
+    if missing or unexpected:
+        raise ValueError(f"--init-from {path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _sampled_targets(sample, model, ids, lm, last, anchors, keep, args, gen):
+    """Candidate vocabulary and exact target probabilities over it from the cache's target statistics."""
+    pos = block_positions(anchors[0], model.block_size, last.shape[1])  # [N, B]
+    top = sample["topk_ids"][: args.max_length].to(pos.device)[pos]
+    labels = block_labels(ids, lm, anchors, keep, model.block_size)[0]
+    vocab = candidate_vocab(None, labels, args.vocab_sample_top_k, args.vocab_sample_negatives, gen, top_ids=top,
+                            vocab_size=model.config.vocab_size)
+    lse = sample["lse"][: args.max_length].to(pos.device)[pos]
+    return vocab, target_probs(last[0][pos], model.lm_head.weight, lse, vocab)[None]
+
+
 def run_fit(args) -> dict:
     cache = CacheReader(args.cache)
     manifest = cache.manifest
@@ -109,7 +132,14 @@ def run_fit(args) -> dict:
     os.makedirs(args.out, exist_ok=True)
 
     resume_dir = None if args.no_resume else latest_checkpoint(args.out)
-    config = DSparkConfig.from_json(resume_dir) if resume_dir else build_config(args, manifest, target_path)
+    init_from = None if resume_dir else args.init_from
+    if resume_dir:
+        config = DSparkConfig.from_json(resume_dir)
+    elif init_from:
+        config = DSparkConfig.from_json(os.path.join(init_from, "config.json"))
+        config.num_anchors = args.num_anchors
+    else:
+        config = build_config(args, manifest, target_path)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     model = DSparkDraftModel(config)
@@ -117,6 +147,9 @@ def run_fit(args) -> dict:
     with torch.no_grad():
         model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(head)
+    if init_from:
+        _load_trainable(model, init_from)
+        print(f"[fit] initialised from {init_from}")
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=args.weight_decay)
@@ -135,6 +168,13 @@ def run_fit(args) -> dict:
     print(f"[fit] {len(train_idx)} train / {len(held_idx)} held-out samples; {n_params / 1e6:.2f}M trainable "
           f"params; device {device}; steps {start}->{args.steps}")
 
+    use_stats = args.vocab_sample_top_k > 0 and cache.has_targets
+    if use_stats:
+        stored_k = cache[train_idx[0]]["topk_ids"].shape[-1]
+        if stored_k < args.vocab_sample_top_k:
+            raise ValueError(f"{args.cache}: target statistics keep top-{stored_k}, fit wants "
+                             f"--vocab-sample-top-k {args.vocab_sample_top_k}; rerun `train targets --top-k`")
+    print(f"[fit] target distributions: {'precomputed statistics' if use_stats else 'lm_head every step'}")
     order = DataOrder(train_idx, args.seed)
     B = config.block_size
     amp = device.type == "cuda" and args.amp == "bf16"
@@ -158,17 +198,20 @@ def run_fit(args) -> dict:
         for m, s, ids, lm, anchors, keep, _ in micro:
             hidden = s["hidden"][: args.max_length][None].to(device, torch.float32)
             last = s["last_hidden"][: args.max_length][None].to(device, torch.float32)
+            gen = torch.Generator().manual_seed(args.seed * 7_919 + m)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                tlogits = target_block_logits(model.lm_head, last, anchors, B)
-                vocab = None
-                if args.vocab_sample_top_k > 0:
-                    vocab = candidate_vocab(tlogits, block_labels(ids, lm, anchors, keep, B)[0],
-                                            args.vocab_sample_top_k, args.vocab_sample_negatives,
-                                            torch.Generator().manual_seed(args.seed * 7_919 + m))
+                tlogits = tprobs = vocab = None
+                if use_stats:
+                    vocab, tprobs = _sampled_targets(s, model, ids, lm, last, anchors, keep, args, gen)
+                else:
+                    tlogits = target_block_logits(model.lm_head, last, anchors, B)
+                    if args.vocab_sample_top_k > 0:
+                        vocab = candidate_vocab(tlogits, block_labels(ids, lm, anchors, keep, B)[0],
+                                                args.vocab_sample_top_k, args.vocab_sample_negatives, gen)
                 logits, conf, labels, emask = model.forward_train(ids, hidden, lm, anchors, keep, vocab)
             loss, stats = dspark_losses(logits, tlogits, conf, labels, emask, args.ce_weight, args.l1_weight,
                                         args.conf_weight if config.enable_confidence_head else 0.0, args.gamma,
-                                        denom=denom, vocab=vocab)
+                                        denom=denom, vocab=vocab, target_probs=tprobs)
             loss.backward()
             share = stats["weight"] / float(denom)
             for k, v in stats.items():

@@ -22,40 +22,55 @@ def loss_weights(eval_mask: torch.Tensor, gamma: float = 4.0) -> torch.Tensor:
     return eval_mask.float() * position_weights(eval_mask.shape[-1], gamma, eval_mask.device)
 
 
+def block_positions(anchors: torch.Tensor, block_size: int, seq_len: int) -> torch.Tensor:
+    """Sequence position whose target distribution supervises slot k of block j: anchor_j + k (clamped)."""
+    return (anchors[..., None] + torch.arange(block_size, device=anchors.device)).clamp(max=seq_len - 1)
+
+
 def target_block_logits(lm_head, last_hidden: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     """Target logits for slot k of block j: lm_head(last_hidden[anchor_j + k]) -> [b, N, B, V] fp32."""
     b, S, d = last_hidden.shape
-    pos = (anchors[..., None] + torch.arange(block_size, device=anchors.device)).clamp(max=S - 1)
+    pos = block_positions(anchors, block_size, S)
     h = last_hidden.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d))
     with torch.no_grad():
         return lm_head(h.to(lm_head.weight.dtype)).float().view(b, anchors.shape[1], block_size, -1)
 
 
-def candidate_vocab(target_logits: torch.Tensor, labels: torch.Tensor, top_k: int, negatives: int,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+def candidate_vocab(target_logits: torch.Tensor | None, labels: torch.Tensor, top_k: int, negatives: int,
+                    generator: torch.Generator | None = None, top_ids: torch.Tensor | None = None,
+                    vocab_size: int | None = None) -> torch.Tensor:
     """Sorted token ids for a sampled-vocabulary step: every position's target top-k, every label, and `negatives`
-    uniform random ids (so mass the drafter puts elsewhere keeps getting pushed down across steps)."""
-    V = target_logits.shape[-1]
-    top = target_logits.topk(top_k, dim=-1).indices.flatten()
+    uniform random ids (so mass the drafter puts elsewhere keeps getting pushed down across steps).
+    `top_ids` (precomputed top ids, descending, [..., >= top_k]) with `vocab_size` replaces `target_logits`."""
+    if top_ids is not None:
+        V, top = vocab_size, top_ids[..., :top_k].flatten().long()
+    else:
+        V, top = target_logits.shape[-1], target_logits.topk(top_k, dim=-1).indices.flatten()
     neg = torch.randint(0, V, (negatives,), generator=generator).to(top.device)
     return torch.unique(torch.cat([top, labels.flatten().long().to(top.device), neg]))
 
 
 def dspark_losses(draft_logits, target_logits, conf_logits, labels, eval_mask, ce_weight: float = 0.1,
                   l1_weight: float = 0.9, conf_weight: float = 1.0, gamma: float = 4.0,
-                  denom: float | torch.Tensor | None = None, vocab: torch.Tensor | None = None):
+                  denom: float | torch.Tensor | None = None, vocab: torch.Tensor | None = None,
+                  target_probs: torch.Tensor | None = None):
     """-> (loss, stats). stats holds the three means, the weight sum and a soft acceptance 1 - TV (for logs).
 
     With `vocab` (sorted ids, see candidate_vocab) draft_logits cover only those columns: the draft distribution
     is renormalised over them, and the target mass outside them counts fully into L1 (a constant for the gradient,
-    but it keeps the logged TV honest)."""
+    but it keeps the logged TV honest). `target_probs` (exact target probabilities of those same columns, from
+    target_stats.target_probs) replaces `target_logits`, which may then be None."""
     w = loss_weights(eval_mask, gamma)
     wsum = w.sum()
     denom = wsum.clamp_min(1e-6) if denom is None else denom
     logp_d = torch.log_softmax(draft_logits.float(), dim=-1)
-    p_t = torch.softmax(target_logits.float(), dim=-1)
+    if target_probs is not None:
+        p_t = target_probs.float()
+    else:
+        p_t = torch.softmax(target_logits.float(), dim=-1)
+        if vocab is not None:
+            p_t = p_t[..., vocab]
     if vocab is not None:
-        p_t = p_t[..., vocab]
         labels = torch.searchsorted(vocab, labels.long().contiguous())
     ce = -(logp_d.gather(-1, labels[..., None].long()).squeeze(-1))
     l1 = (logp_d.exp() - p_t).abs().sum(-1)

@@ -124,3 +124,51 @@ def test_generate_stage_is_wired_to_the_sglang_stage():
 
     args = build_parser().parse_args(["generate", "--limit", "3", "--out", "x.jsonl"])
     assert args.stage == "generate" and args.limit == 3 and args.out == "x.jsonl"
+
+
+def test_target_statistics_are_exact_and_fit_uses_them(workdir):
+    """`train targets` stores top-k ids + log-sum-exp; a sampled-vocabulary fit step on them gives the same loss as
+    one that runs the full lm_head (same seed, same candidate vocabulary)."""
+    from sglang_dspark.train.target import load_target_shared_weights
+
+    plain, stats = workdir / "cache_plain", workdir / "cache_stats"
+    for d in (plain, stats):
+        shutil.copytree(workdir / "cache", d)
+    out = main(["targets", "--cache", str(stats), "--top-k", "6"])
+    assert out["written"] == out["shards"] == 2
+    assert main(["targets", "--cache", str(stats), "--top-k", "6"])["written"] == 0  # resumes: nothing left
+    cache = CacheReader(str(stats))
+    assert cache.has_targets and not CacheReader(str(plain)).has_targets
+    _, head = load_target_shared_weights(cache.manifest["target"])
+    s = cache[1]
+    logits = s["last_hidden"].float() @ head.float().T
+    assert torch.allclose(s["lse"], torch.logsumexp(logits, -1), atol=1e-5)
+    assert torch.equal(s["topk_ids"].long(), logits.topk(6, -1).indices)
+
+    sampled = ["--steps", "1", *FIT, "--vocab-sample-top-k", "4", "--vocab-sample-negatives", "5"]
+    a = main(["fit", "--cache", str(plain), "--out", str(workdir / "run_plain"), *sampled])["history"][0]
+    b = main(["fit", "--cache", str(stats), "--out", str(workdir / "run_stats"), *sampled])["history"][0]
+    for key in ("loss", "ce", "l1", "conf"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4), key
+    with pytest.raises(ValueError, match="top-6"):
+        main(["fit", "--cache", str(stats), "--out", str(workdir / "run_k"), "--steps", "1", *FIT,
+              "--vocab-sample-top-k", "8"])
+
+
+def test_fit_init_from_starts_at_the_checkpoint_with_a_fresh_schedule(workdir):
+    fresh = main(["fit", "--cache", str(workdir / "cache"), "--out", str(workdir / "init_a"), "--steps", "8", *FIT])
+    warm = main(["fit", "--cache", str(workdir / "cache"), "--out", str(workdir / "init_b"), "--steps", "2", *FIT,
+                 "--init-from", str(workdir / "init_a" / "step_6"), "--num-anchors", "16"])
+    assert [h["step"] for h in warm["history"]] == [1, 2]
+    assert warm["history"][0]["loss"] < fresh["history"][0]["loss"] - 0.05
+    assert DSparkConfig.from_json(workdir / "init_b" / "step_2").num_anchors == 16
+    from safetensors.torch import save_file
+
+    broken = workdir / "init_broken"
+    shutil.copytree(workdir / "init_a" / "step_6", broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["fc.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(ValueError, match="fc.weight"):
+        main(["fit", "--cache", str(workdir / "cache"), "--out", str(workdir / "init_c"), "--steps", "1", *FIT,
+              "--init-from", str(broken)])
