@@ -1,4 +1,4 @@
-"""`python -m sglang_dspark.bench {baseline,serve,single_stream,sim,draft_cost,acceptance_report}`."""
+"""`python -m sglang_dspark.bench {baseline,serve,single_stream,sim,draft_cost,acceptance_report,repeats}`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "sim": "sglang_dspark.bench.sim",
     "draft_cost": "sglang_dspark.bench.draft_cost",
     "acceptance_report": "sglang_dspark.bench.acceptance_report",
+    "repeats": "sglang_dspark.bench.repeats",
 }
 
 
