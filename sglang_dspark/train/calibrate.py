@@ -84,12 +84,18 @@ def run_calibrate(args) -> dict:
                                               args.temperature, args.seed, device)
     temps = fit_sts(conf, acc, ver)
     ece_raw, ece_sts = survival_ece(conf, acc, ver), survival_ece(conf, acc, ver, temps)
+    full = ver == model.block_size  # blocks whose whole label prefix is valid: an unbiased prefix-length sample
+    reached = torch.stack([(acc[full] >= k).sum() for k in range(model.block_size + 1)]).float()
     meta = {"block_size": model.block_size, "num_blocks": int(conf.shape[0]), "num_samples": len(held),
+            # teacher-forced on held-out text: tokens per step if every block verified all B drafts (bonus incl.)
+            "heldout_tau": 1.0 + float(acc[full].float().mean()) if bool(full.any()) else None,
+            "heldout_cond_accept": (reached[1:] / reached[:-1].clamp_min(1)).tolist(),
             "acceptance": "greedy" if args.temperature <= 0 else f"rejection-sampling T={args.temperature}",
             "labels": "teacher-forced on the cached sequence", "ece_raw": ece_raw, "ece_sts": ece_sts}
     out = args.out or os.path.join(args.drafter, "sts.json")
     regime = getattr(args, "regime", None) or ("greedy" if args.temperature <= 0 else "sampled")
     save_sts(out, temps, meta, regime=regime)
-    print(f"[calibrate] {regime}: {conf.shape[0]} blocks from {len(held)} samples; ECE {ece_raw:.4f} -> "
-          f"{ece_sts:.4f}; T = {[round(t, 3) for t in temps]} -> {out}")
+    print(f"[calibrate] {regime}: {conf.shape[0]} blocks from {len(held)} samples; held-out tau "
+          f"{meta['heldout_tau']}, conditional acceptance {[round(a, 3) for a in meta['heldout_cond_accept']]}; "
+          f"ECE {ece_raw:.4f} -> {ece_sts:.4f}; T = {[round(t, 3) for t in temps]} -> {out}")
     return {"temperatures": temps, "path": out, **meta}

@@ -99,6 +99,8 @@ def test_fit_decreases_loss_resumes_and_calibrates(workdir):
     temps = load_sts(run / "step_6" / "sts.json")
     assert len(temps) == 3 and temps == out["temperatures"]
     assert out["ece_sts"] <= out["ece_raw"] + 1e-9
+    assert 1.0 <= out["heldout_tau"] <= 4.0 and len(out["heldout_cond_accept"]) == 3
+    assert all(0.0 <= a <= 1.0 for a in out["heldout_cond_accept"])
     assert load_drafter(run / "step_6").sts_temperatures == temps
 
 
