@@ -118,6 +118,9 @@ def _sampled_targets(sample, model, ids, lm, last, anchors, keep, args, gen):
     vocab = candidate_vocab(None, labels, args.vocab_sample_top_k, args.vocab_sample_negatives, gen, top_ids=top,
                             vocab_size=model.config.vocab_size)
     lse = sample["lse"][: args.max_length].to(pos.device)[pos]
+    if not bool(torch.isfinite(lse).all()):
+        raise ValueError(f"sample {sample['id']}: a block reads a position without target statistics; rerun "
+                         f"`train targets` (it computes the rows fit can read)")
     return vocab, target_probs(last[0][pos], model.lm_head.weight, lse, vocab)[None]
 
 

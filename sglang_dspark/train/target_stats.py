@@ -6,7 +6,8 @@ The target's distribution at a position is fixed, so it is computed once per cac
 
 <cache>/shard-XXXXX.targets.safetensors   per sample i: "{i}.topk_ids" int32 [S, K] (descending target logit),
                                           "{i}.lse" float32 [S] (log-sum-exp of the target logits, fp32)
-metadata {"top_k": K}. With these, p_t over any column subset `cols` is exact:
+metadata {"top_k": K}. Only positions a fit block can read are computed (rows_fit_reads); the rest hold lse NaN.
+With these, p_t over any column subset `cols` is exact:
 exp(last_hidden @ lm_head[cols]^T - lse) (see `target_probs`). Files are written whole per shard, so a killed run
 resumes at the first shard without one.
 """
@@ -28,15 +29,37 @@ def targets_path(shard_file: str) -> str:
     return shard_file[: -len(".safetensors")] + ".targets.safetensors"
 
 
-def position_stats(last_hidden: torch.Tensor, lm_head_weight: torch.Tensor, top_k: int, chunk: int = 256):
-    """last_hidden [S, d] -> (topk_ids int32 [S, K], lse fp32 [S]), computed in fp32 like fit's lm_head."""
+# Dummy (padding) blocks of fit sit at position 0, so its slots read positions < block size; cover any block size.
+LEADING_ROWS = 32
+
+
+def rows_fit_reads(loss_mask: torch.Tensor) -> torch.Tensor:
+    """bool [S]: the positions a fit block can read, i.e. the leading rows and everything from the position before
+    the first loss token on (anchors need loss tokens). Long prompts make the rest most of a sample."""
+    S = loss_mask.shape[0]
+    need = torch.zeros(S, dtype=torch.bool)
+    need[:LEADING_ROWS] = True
+    hits = torch.nonzero(loss_mask.bool()).flatten()
+    if len(hits):
+        need[max(0, int(hits[0]) - 1):] = True
+    return need
+
+
+def position_stats(last_hidden: torch.Tensor, lm_head_weight: torch.Tensor, top_k: int, chunk: int = 256,
+                   rows: torch.Tensor | None = None):
+    """last_hidden [S, d] -> (topk_ids int32 [S, K], lse fp32 [S]), computed in fp32 like fit's lm_head.
+    With `rows` (bool [S]) only those positions are computed; the others hold id 0 and lse NaN (fit refuses them)."""
+    S = last_hidden.shape[0]
+    idx = torch.arange(S) if rows is None else torch.nonzero(rows).flatten()
     w = lm_head_weight.float()
-    ids, lse = [], []
-    for s in range(0, last_hidden.shape[0], chunk):
-        logits = last_hidden[s: s + chunk].float() @ w.T
-        lse.append(torch.logsumexp(logits, dim=-1))
-        ids.append(logits.topk(top_k, dim=-1).indices.to(torch.int32))
-    return torch.cat(ids), torch.cat(lse)
+    ids = torch.zeros(S, top_k, dtype=torch.int32)
+    lse = torch.full((S,), float("nan"))
+    for s in range(0, len(idx), chunk):
+        at = idx[s: s + chunk]
+        logits = last_hidden[at].float() @ w.T
+        lse[at] = torch.logsumexp(logits, dim=-1)
+        ids[at] = logits.topk(top_k, dim=-1).indices.to(torch.int32)
+    return ids, lse
 
 
 def target_probs(last_hidden_rows: torch.Tensor, lm_head_weight: torch.Tensor, lse: torch.Tensor,
@@ -60,16 +83,17 @@ def run_targets(cache_dir: str, lm_head_weight: torch.Tensor, top_k: int = 32) -
         out = {}
         for idx in by_shard[fn]:
             _, i, _ = reader.entries[idx]
-            last = reader[idx]["last_hidden"]
-            ids, lse = position_stats(last, lm_head_weight, top_k)
+            sample = reader[idx]
+            rows = rows_fit_reads(sample["loss_mask"])
+            ids, lse = position_stats(sample["last_hidden"], lm_head_weight, top_k, rows=rows)
             out[f"{i}.topk_ids"], out[f"{i}.lse"] = ids.contiguous(), lse.contiguous()
-            tokens += last.shape[0]
+            tokens += int(rows.sum())
             bar.update(1)
         path = targets_path(fn)
         save_file(out, path + ".tmp", metadata={"top_k": json.dumps(top_k)})
         os.replace(path + ".tmp", path)
     bar.close()
-    return {"shards": len(shards), "written": len(todo), "tokens": tokens}
+    return {"shards": len(shards), "written": len(todo), "tokens": tokens}  # tokens: positions computed
 
 
 def _complete(shard_file: str, top_k: int) -> bool:

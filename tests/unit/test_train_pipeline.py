@@ -132,6 +132,7 @@ def test_target_statistics_are_exact_and_fit_uses_them(workdir):
     """`train targets` stores top-k ids + log-sum-exp; a sampled-vocabulary fit step on them gives the same loss as
     one that runs the full lm_head (same seed, same candidate vocabulary)."""
     from sglang_dspark.train.target import load_target_shared_weights
+    from sglang_dspark.train.target_stats import LEADING_ROWS
 
     plain, stats = workdir / "cache_plain", workdir / "cache_stats"
     for d in (plain, stats):
@@ -142,10 +143,14 @@ def test_target_statistics_are_exact_and_fit_uses_them(workdir):
     cache = CacheReader(str(stats))
     assert cache.has_targets and not CacheReader(str(plain)).has_targets
     _, head = load_target_shared_weights(cache.manifest["target"])
-    s = cache[1]
+    s = max((cache[i] for i in range(len(cache))), key=lambda x: int(torch.nonzero(x["loss_mask"])[0]))
     logits = s["last_hidden"].float() @ head.float().T
-    assert torch.allclose(s["lse"], torch.logsumexp(logits, -1), atol=1e-5)
-    assert torch.equal(s["topk_ids"].long(), logits.topk(6, -1).indices)
+    rows = torch.isfinite(s["lse"])
+    first_loss = int(torch.nonzero(s["loss_mask"]).flatten()[0])
+    assert bool(rows[first_loss - 1:].all()) and bool(rows[:LEADING_ROWS].all())
+    assert rows.sum() < len(rows) or first_loss <= LEADING_ROWS + 1  # a long prompt's middle is skipped
+    assert torch.allclose(s["lse"][rows], torch.logsumexp(logits, -1)[rows], atol=1e-5)
+    assert torch.equal(s["topk_ids"].long()[rows], logits.topk(6, -1).indices[rows])
 
     sampled = ["--steps", "1", *FIT, "--vocab-sample-top-k", "4", "--vocab-sample-negatives", "5"]
     a = main(["fit", "--cache", str(plain), "--out", str(workdir / "run_plain"), *sampled])["history"][0]
@@ -174,3 +179,13 @@ def test_fit_init_from_starts_at_the_checkpoint_with_a_fresh_schedule(workdir):
     with pytest.raises(ValueError, match="fc.weight"):
         main(["fit", "--cache", str(workdir / "cache"), "--out", str(workdir / "init_c"), "--steps", "1", *FIT,
               "--init-from", str(broken)])
+
+
+def test_rows_fit_reads_skips_only_the_middle_of_a_long_prompt():
+    from sglang_dspark.train.target_stats import LEADING_ROWS, rows_fit_reads
+
+    lm = torch.zeros(100, dtype=torch.uint8)
+    lm[60:90] = 1
+    rows = rows_fit_reads(lm)
+    assert bool(rows[:LEADING_ROWS].all()) and bool(rows[59:].all()) and not bool(rows[LEADING_ROWS:59].any())
+    assert bool(rows_fit_reads(torch.zeros(10, dtype=torch.uint8))[:10].all())
