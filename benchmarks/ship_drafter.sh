@@ -18,6 +18,8 @@ $PY -m sglang_dspark.train draft-vocab --data runs/data/generated.jsonl --data r
     --drafter "$DSPARK" --size 32768
 mkdir -p "$SHIP"
 cp "$DSPARK/config.json" "$DSPARK/model.safetensors" "$DSPARK/sts.json" "$DSPARK/draft_vocab.safetensors" "$SHIP/"
+# like-for-like ablation: the DFlash drafter proposes from the same reduced vocabulary
+cp "$DSPARK/draft_vocab.safetensors" "$DFLASH/"
 
 for T in 0 1; do
   OMP_NUM_THREADS=1 $PY -m sglang_dspark.eval_acceptance --target $TARGET --drafter "$SHIP" --limit $LIMIT \
