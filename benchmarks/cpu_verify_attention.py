@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
-
-import sys
 
 import torch
 

@@ -22,7 +22,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 CACHE_FORMAT = "dspark-cache-v1"
+SAMPLE_KEYS = ("input_ids", "loss_mask", "hidden", "last_hidden")
+TARGET_KEYS = ("topk_ids", "lse")
 _SHARD_RE = re.compile(r"shard-(\d{5})\.safetensors$")
+
+
+def targets_path(shard_file: str) -> str:
+    """The target-statistics side file of a shard (written by train/target_stats.py)."""
+    return shard_file[: -len(".safetensors")] + ".targets.safetensors"
 
 
 def is_holdout(sample_id: str, fraction: float) -> bool:
@@ -111,21 +118,25 @@ class CacheReader:
         return self.entries[idx][2]
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        return self.read(idx)
+
+    def read(self, idx: int, keys: tuple[str, ...] = SAMPLE_KEYS + TARGET_KEYS) -> dict[str, torch.Tensor]:
+        """Sample `idx` with only `keys` loaded (target keys only when the side file exists)."""
         fn, i, sid = self.entries[idx]
         if fn not in self._handles:
             self._handles[fn] = safe_open(fn, framework="pt")
         f = self._handles[fn]
-        out = {k: f.get_tensor(f"{i}.{k}") for k in ("input_ids", "loss_mask", "hidden", "last_hidden")}
+        out = {k: f.get_tensor(f"{i}.{k}") for k in keys if k in SAMPLE_KEYS}
         out["id"] = sid
-        side = self._targets_handle(fn)
+        side = self._targets_handle(fn) if any(k in TARGET_KEYS for k in keys) else None
         if side is not None:  # target statistics (train/target_stats.py), when computed
-            out["topk_ids"], out["lse"] = side.get_tensor(f"{i}.topk_ids"), side.get_tensor(f"{i}.lse")
+            out.update({k: side.get_tensor(f"{i}.{k}") for k in keys if k in TARGET_KEYS})
         return out
 
     def _targets_handle(self, fn: str):
         key = fn + ":targets"
         if key not in self._handles:
-            side = fn[: -len(".safetensors")] + ".targets.safetensors"
+            side = targets_path(fn)
             self._handles[key] = safe_open(side, framework="pt") if os.path.exists(side) else None
         return self._handles[key]
 

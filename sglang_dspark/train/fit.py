@@ -18,7 +18,7 @@ import shutil
 import torch
 from tqdm import tqdm
 
-from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, sample_anchors, save_drafter
+from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, load_drafter, sample_anchors, save_drafter
 from .cache import CacheReader
 from .losses import block_positions, candidate_vocab, dspark_losses, loss_weights, target_block_logits
 from .target_stats import target_probs
@@ -99,17 +99,6 @@ def save_checkpoint(out, step, model, optimizer, scheduler, args) -> str:
     return d
 
 
-def _load_trainable(model: DSparkDraftModel, path: str) -> None:
-    """Copy a checkpoint's weights (strict, shared tensors excepted) into `model`, in its dtype."""
-    from safetensors.torch import load_file
-
-    state = {k: v for k, v in load_file(os.path.join(path, "model.safetensors")).items() if k not in SHARED}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k not in SHARED]
-    if missing or unexpected:
-        raise ValueError(f"--init-from {path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
 def _sampled_targets(sample, model, ids, lm, last, anchors, keep, args, gen):
     """Candidate vocabulary and exact target probabilities over it from the cache's target statistics."""
     pos = block_positions(anchors[0], model.block_size, last.shape[1])  # [N, B]
@@ -136,23 +125,20 @@ def run_fit(args) -> dict:
 
     resume_dir = None if args.no_resume else latest_checkpoint(args.out)
     init_from = None if resume_dir else args.init_from
-    if resume_dir:
-        config = DSparkConfig.from_json(resume_dir)
-    elif init_from:
-        config = DSparkConfig.from_json(os.path.join(init_from, "config.json"))
-        config.num_anchors = args.num_anchors
-    else:
-        config = build_config(args, manifest, target_path)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    model = DSparkDraftModel(config)
     embed, head = load_target_shared_weights(target_path)
+    if init_from:  # the checkpoint loader validates every tensor by name and shape
+        model = load_drafter(init_from, embed, head, dtype=torch.float32, draft_vocab=False)
+        model.config.num_anchors = args.num_anchors
+        config = model.config
+        print(f"[fit] initialised from {init_from}")
+    else:
+        config = DSparkConfig.from_json(resume_dir) if resume_dir else build_config(args, manifest, target_path)
+        model = DSparkDraftModel(config)
     with torch.no_grad():
         model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(head)
-    if init_from:
-        _load_trainable(model, init_from)
-        print(f"[fit] initialised from {init_from}")
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=args.weight_decay)
@@ -173,7 +159,7 @@ def run_fit(args) -> dict:
 
     use_stats = args.vocab_sample_top_k > 0 and cache.has_targets
     if use_stats:
-        stored_k = cache[train_idx[0]]["topk_ids"].shape[-1]
+        stored_k = cache.read(train_idx[0], ("topk_ids",))["topk_ids"].shape[-1]
         if stored_k < args.vocab_sample_top_k:
             raise ValueError(f"{args.cache}: target statistics keep top-{stored_k}, fit wants "
                              f"--vocab-sample-top-k {args.vocab_sample_top_k}; rerun `train targets --top-k`")

@@ -22,11 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .cache import CacheReader
-
-
-def targets_path(shard_file: str) -> str:
-    return shard_file[: -len(".safetensors")] + ".targets.safetensors"
+from .cache import CacheReader, targets_path
 
 
 # Dummy (padding) blocks of fit sit at position 0, so its slots read positions < block size; cover any block size.
@@ -83,7 +79,7 @@ def run_targets(cache_dir: str, lm_head_weight: torch.Tensor, top_k: int = 32) -
         out = {}
         for idx in by_shard[fn]:
             _, i, _ = reader.entries[idx]
-            sample = reader[idx]
+            sample = reader.read(idx, ("loss_mask", "last_hidden"))  # not the features: most of a sample's bytes
             rows = rows_fit_reads(sample["loss_mask"])
             ids, lse = position_stats(sample["last_hidden"], lm_head_weight, top_k, rows=rows)
             out[f"{i}.topk_ids"], out[f"{i}.lse"] = ids.contiguous(), lse.contiguous()
