@@ -2,14 +2,21 @@
 
 python -m sglang_dspark.eval_acceptance [--target DIR] [--drafter DIR] [--dataset X.jsonl ...] [--limit N]
     [--max-new-tokens M] [--temperature T] [--seed S] [--json OUT] [--plots DIR]
+    [--exclude-prompts DATA.jsonl ...] [--fit-sts STS.json]
 
 Reports tau (bonus included), conditional acceptance and survival by position, and ECE / AUC of the predicted
 prefix survival, raw and after STS (temperatures from <drafter>/sts.json or --sts).
+
+--fit-sts fits STS on the rounds of this very run (free-running decoding, the way the server drafts) and writes the
+temperatures of this run's regime (greedy at T = 0, sampled at T > 0) into STS.json. Run it on prompts the drafter
+was not trained on (--exclude-prompts runs/data/generated.jsonl) and never on the eval sets it is scored on.
+Finished prompts are appended to <json>.rounds.jsonl (or --rounds), so an interrupted run resumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -17,10 +24,11 @@ import sys
 import torch
 from tqdm import tqdm
 
-from .drafter import load_drafter, load_sts
-from .eval.datasets import dataset_name, default_datasets, load_prompts
-from .eval.report import acceptance_stats, calibration_stats, write_plots
-from .eval.spec_decode import speculative_generate
+from .drafter import fit_sts, load_drafter, load_sts, save_sts
+from .drafter.sts import survival_ece
+from .eval.datasets import dataset_name, default_datasets, load_prompts, used_prompts
+from .eval.report import acceptance_stats, calibration_stats, stack_rounds, write_plots
+from .eval.spec_decode import Round, speculative_generate
 from .train.chat import render_prompt
 from .train.target import HFTarget
 
@@ -45,7 +53,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--plots", default=None, help="write acceptance.png and reliability.png here")
+    p.add_argument("--exclude-prompts", action="append", default=[], metavar="JSONL",
+                   help="skip prompts that appear in this training data or prompt set (repeatable)")
+    p.add_argument("--fit-sts", default=None, metavar="STS_JSON",
+                   help="fit STS on this run's rounds and write this regime's temperatures there")
+    p.add_argument("--rounds", default=None, help="per-prompt rounds log for resuming (default: <json>.rounds.jsonl)")
     return p
+
+
+class RoundsLog:
+    """Finished prompts' rounds, one JSON line each, keyed by everything that changes them."""
+
+    def __init__(self, path: str | None, settings: dict):
+        self.path = path
+        self.key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        self.done: dict[tuple[str, int], list[Round]] = {}
+        if path and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    row = json.loads(line) if line.strip() else None
+                    if row and row["key"] == self.key:
+                        self.done[(row["dataset"], row["index"])] = [
+                            Round(n, a, t, torch.tensor(z)) for n, a, t, z in row["rounds"]]
+
+    def add(self, dataset: str, index: int, rounds: list[Round]) -> None:
+        if not self.path:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": self.key, "dataset": dataset, "index": index, "rounds": [
+                [r.proposed, r.accepted, r.tau, r.conf_logits.float().tolist()] for r in rounds]}) + "\n")
 
 
 def run(args) -> dict:
@@ -69,14 +106,27 @@ def run(args) -> dict:
         temps = drafter.sts_temperatures_sampled if regime == "sampled" else drafter.sts_temperatures
     B = drafter.block_size
 
+    exclude = set()
+    for path in args.exclude_prompts:
+        exclude |= used_prompts(path)
+    log = RoundsLog(args.rounds or (args.json + ".rounds.jsonl" if args.json else None), {
+        "target": os.path.abspath(args.target), "drafter": os.path.abspath(args.drafter), "dtype": args.dtype,
+        "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+        "full_draft_vocab": bool(getattr(args, "full_draft_vocab", False)), "limit": args.limit,
+        "exclude": sorted(os.path.abspath(p) for p in args.exclude_prompts)})
+
     per_dataset, all_rounds = {}, []
     for path in args.dataset or default_datasets():
         name = dataset_name(path)
         rounds = []
-        for i, turn in enumerate(tqdm(load_prompts(path, args.limit), desc=name, unit="prompt")):
+        for i, turn in enumerate(tqdm(load_prompts(path, args.limit, exclude), desc=name, unit="prompt")):
+            if (name, i) in log.done:
+                rounds += log.done[(name, i)]
+                continue
             gen = torch.Generator(device=device).manual_seed(args.seed + i)
             out = speculative_generate(target, drafter, render_prompt(tokenizer, turn), args.max_new_tokens,
                                        args.temperature, gen, stop_ids)
+            log.add(name, i, out.rounds)
             rounds += out.rounds
         per_dataset[name] = {**acceptance_stats(rounds, B),
                              **{k: v for k, v in calibration_stats(rounds, B, temps).items()
@@ -96,6 +146,8 @@ def run(args) -> dict:
                      "block_size": B, "dtype": args.dtype,
                      "verification": "full block every round (scheduler off), batch 1"},
     }
+    if args.fit_sts:
+        report["fitted_sts"] = fit_sts_from_rounds(all_rounds, B, args, regime)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -107,6 +159,25 @@ def run(args) -> dict:
     print(f"[eval] tau={tau} by dataset {report['tau_by_dataset']} ece_raw={report['ece_raw']} "
           f"ece_sts={report['ece_sts']} auc={report['auc']}")
     return report
+
+
+def fit_sts_from_rounds(rounds: list[Round], B: int, args, regime: str) -> dict:
+    if not rounds:
+        raise ValueError("--fit-sts: no speculative rounds to fit on")
+    conf, acc, ver = stack_rounds(rounds, B)
+    temps = fit_sts(conf, acc, ver)
+    full = ver == B
+    meta = {"block_size": B, "num_blocks": len(rounds),
+            "labels": f"free-running speculative decoding (batch 1, full block verified every round, "
+                      f"{args.max_new_tokens} new tokens per prompt)",
+            "acceptance": "greedy" if regime == "greedy" else f"rejection-sampling T={args.temperature}",
+            "prompts": [dataset_name(p) for p in args.dataset or default_datasets()], "limit": args.limit,
+            "heldout_tau": 1.0 + float(acc[full].float().mean()) if bool(full.any()) else None,
+            "ece_raw": survival_ece(conf, acc, ver), "ece_sts": survival_ece(conf, acc, ver, temps)}
+    save_sts(args.fit_sts, temps, meta, regime=regime)
+    print(f"[eval] fitted STS ({regime}) on {len(rounds)} rounds: in-sample ECE {meta['ece_raw']:.4f} -> "
+          f"{meta['ece_sts']:.4f}; T = {[round(t, 3) for t in temps]} -> {args.fit_sts}")
+    return {"path": args.fit_sts, "regime": regime, "temperatures": temps, **meta}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -14,7 +14,8 @@ verifying l drafts accepts exactly min(A, l) of them (greedy and rejection sampl
 Per (policy, concurrency c): `--steps` synthetic batches of c request-rows drawn from the pool (the same batches for
 every policy), l = policy.choose(conf, ctx), accepted = min(A, l). The step is modelled the way the worker runs it:
   * draft skipping (`--draft-skip probe`, the worker's default): each of the c batch slots keeps a streak of l = 0
-    steps; a slot not due for a probe (control/draft_skip.py) is not drafted for and its confidences are 0;
+    steps; a slot not due for a probe (control/draft_skip.py, including the batch-level probe gate) is not drafted
+    for and its confidences are 0;
   * the plain-decode gate (dspark, dspark-async, sps-topk, as in the worker) may turn a verify plan into plain
     decoding; a step with l = 0 everywhere costs a plain decode step (fitted from the trace's plain steps, which
     the worker marks) instead of a verify step;
@@ -47,7 +48,7 @@ from tqdm import tqdm
 from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_section
 from sglang_dspark.control import BatchContext, EngineCostModel, PlainDecodeGate, StepOutcome, make_policy
 from sglang_dspark.control.cost_model import nonnegative_lstsq
-from sglang_dspark.control.draft_skip import probe_due
+from sglang_dspark.control.draft_skip import BatchProbeGate
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 
 DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
@@ -309,6 +310,7 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
     conf_all = data.conf[:, :gamma]
     true_all = data.true_accept.clamp(max=gamma)
     streak = torch.zeros(concurrency, dtype=torch.long)  # per batch slot, as the worker's zero_streak
+    probe_gate = BatchProbeGate()
     tokens = verified = accepted_total = plain_steps = drafted_total = 0
     total_s = 0.0
     last_s = None
@@ -321,7 +323,7 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
         else:
             active = torch.ones(concurrency, dtype=torch.bool)
             if draft_skip == "probe" and spec != "oracle":
-                active = probe_due(streak)  # the worker's schedule
+                active = probe_gate.active(streak, step)  # the worker's schedule
                 conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
             ctx = BatchContext(num_requests=concurrency, kv_lens=kv, last_step_time_s=last_s, step_index=step,
                                true_accept_lens=truth,
@@ -335,6 +337,8 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
             else:
                 drafted = int(active.sum())
             streak = torch.where(lengths == 0, streak + 1, torch.zeros_like(streak))
+            if draft_skip == "probe" and spec != "oracle":
+                probe_gate.observe(step, int(active.sum()), int(lengths.sum()))
         accepted = torch.minimum(truth, lengths)
         plain = plain_cost is not None and int(lengths.sum()) == 0
         if plain:

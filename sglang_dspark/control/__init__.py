@@ -5,7 +5,7 @@ from .calibration import CalibrationMonitor, fit_sts_grid
 from .cost_model import CostSample, EngineCostModel
 from .dspark import DSparkPolicy, algorithm1
 from .draft_cost import DraftCostModel
-from .draft_skip import probe_due
+from .draft_skip import BatchProbeGate, probe_due
 from .dspark_async import DSparkAsyncPolicy
 from .factory import make_policy
 from .fixed import FixedPolicy
@@ -35,6 +35,7 @@ __all__ = [
     "apply_sla",
     "fit_sts_grid",
     "make_policy",
+    "BatchProbeGate",
     "probe_due",
     "survival",
     "unmet_floors",

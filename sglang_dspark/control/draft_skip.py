@@ -19,3 +19,39 @@ def probe_due(streak: torch.Tensor, first: int = PROBE_FIRST,
     power_of_two_multiple = (s >= first) & (s % first == 0) & (((s // first) & (s // first - 1)) == 0)
     periodic = (s >= max_gap) & (s % max_gap == 0)
     return (s == 0) | power_of_two_multiple | periodic
+
+
+class BatchProbeGate:
+    """Batch-level draft skipping on top of probe_due.
+
+    Per-request probes keep their own phases, so under sustained load a batch of R requests pays up to R separate
+    draft passes per probe period. When `quiet_after` probe steps in a row verified nothing for anybody, it is the
+    load, not one request's drafts, that keeps l = 0: per-request probing stops and the whole batch is drafted
+    together on one step, `first` steps later, doubling up to `max_gap`. Any verified draft reopens per-request
+    probing. Requests that arrive meanwhile wait for the next batch probe, at most `max_gap` steps.
+    """
+
+    def __init__(self, quiet_after: int = 2, first: int = PROBE_FIRST, max_gap: int = PROBE_MAX_GAP):
+        self.quiet_after, self.first, self.max_gap = quiet_after, first, max_gap
+        self.quiet = 0  # consecutive probe steps (something drafted) with nothing verified anywhere
+        self.next_step = 0
+
+    @property
+    def batch_mode(self) -> bool:
+        return self.quiet >= self.quiet_after
+
+    def active(self, streak: torch.Tensor, step: int) -> torch.Tensor:
+        """Bool[R]: draft for this request on this step."""
+        if not self.batch_mode:
+            return probe_due(streak)
+        return torch.full(streak.shape, step >= self.next_step, dtype=torch.bool)
+
+    def observe(self, step: int, drafted: int, verified: int) -> None:
+        if drafted == 0:
+            return
+        if verified > 0:
+            self.quiet = 0
+            return
+        self.quiet += 1
+        if self.batch_mode:
+            self.next_step = step + min(self.first << (self.quiet - self.quiet_after), self.max_gap)

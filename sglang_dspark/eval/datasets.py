@@ -23,11 +23,12 @@ def default_datasets() -> list[str]:
     return [str(data_dir() / "eval" / f"{name}.jsonl") for name in DEFAULT_EVAL_SETS]
 
 
-def load_prompts(path: str, limit: int = 0) -> list[str]:
-    """First user turn of each row; with a limit below the row count, shuffle (fixed seed) then truncate."""
+def load_prompts(path: str, limit: int = 0, exclude: set[str] | frozenset = frozenset()) -> list[str]:
+    """First user turn of each row; with a limit below the row count, shuffle (fixed seed) then truncate.
+    Rows whose prompt key (see prompt_key) is in `exclude` are dropped first."""
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    turns = [r["turns"][0] for r in rows]
+    turns = [t for t in (r["turns"][0] for r in rows) if prompt_key(t) not in exclude]
     if limit and limit < len(turns):
         random.Random(SHUFFLE_SEED).shuffle(turns)
         turns = turns[:limit]
@@ -36,3 +37,26 @@ def load_prompts(path: str, limit: int = 0) -> list[str]:
 
 def dataset_name(path: str) -> str:
     return Path(path).stem
+
+
+def prompt_key(prompt: str) -> str:
+    # `train generate` keeps only the first MAX_PROMPT_CHARS of a prompt, so that prefix identifies it
+    from ..train.generate import MAX_PROMPT_CHARS
+
+    return prompt[:MAX_PROMPT_CHARS]
+
+
+def used_prompts(path: str) -> set[str]:
+    """Prompt keys of a training-data JSONL (`{"messages": [...]}` rows) or a prompt set (`{"turns": [...]}`): what
+    a calibration or evaluation run must not reuse."""
+    keys = set()
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "turns" in row:
+                keys.add(prompt_key(row["turns"][0]))
+            else:
+                keys.update(prompt_key(m["content"]) for m in row.get("messages", []) if m.get("role") == "user")
+    return keys

@@ -4,18 +4,20 @@ tau = sum(tau) / #rounds (bonus included, the paper's acceptance length).
 survival@k = #(rounds with a > k) / #(rounds with n > k)            (DeepSpec's accept_rate@k)
 cond@k     = #(a > k) / #(a > k-1 and n > k)                          (paper's conditional acceptance)
 Confidence: for every verified position k, prediction prod_{i<=k} sigmoid(z_i [/ T_i]) vs label a > k; ECE with 20
-equal-width bins and AUROC, pooled over positions and per position; raw and after STS.
+equal-width bins and AUROC, pooled over positions and per position; raw and after STS. Next to the STS ECE, its noise
+floor: the ECE a perfectly calibrated predictor would show on the same predictions (labels ~ Bernoulli(pred)).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..drafter.sts import apply_sts, auroc, ece, prefix_labels
+from ..drafter.sts import apply_sts, auroc, ece, ece_noise_floor, prefix_labels
 from .spec_decode import Round
 
 
-def _stack(rounds: list[Round], B: int):
+def stack_rounds(rounds: list[Round], B: int):
+    """-> conf_logits [n, B] (zero past the verified drafts), accepted prefix len [n], verified len [n]."""
     conf = torch.zeros(len(rounds), B)
     for i, r in enumerate(rounds):
         conf[i, : len(r.conf_logits)] = r.conf_logits.float()
@@ -42,18 +44,23 @@ def acceptance_stats(rounds: list[Round], B: int) -> dict:
 
 
 def calibration_stats(rounds: list[Round], B: int, temps: list[float] | None) -> dict:
-    conf, acc, ver = _stack(rounds, B)
+    conf, acc, ver = stack_rounds(rounds, B)
     labels, valid = prefix_labels(acc, ver, B)
     out: dict = {}
     for name, t in (("raw", None), ("sts", temps)):
         if name == "sts" and t is None:
-            out.update(ece_sts=None, auc_sts=None, ece_sts_by_position=None)
+            out.update(ece_sts=None, auc_sts=None, ece_sts_by_position=None, ece_sts_floor=None,
+                       ece_sts_floor_by_position=None)
             continue
         surv = apply_sts(conf, t if t is not None else [1.0] * B).double().cumprod(-1)
         out[f"ece_{name}"] = ece(surv[valid], labels[valid]) if valid.any() else None
         out[f"auc_{name}"] = auroc(surv[valid], labels[valid]) if valid.any() else None
         out[f"ece_{name}_by_position"] = [ece(surv[valid[:, k], k], labels[valid[:, k], k]) if valid[:, k].any()
                                           else None for k in range(B)]
+        if name == "sts":  # what a perfectly calibrated predictor would score on these very predictions
+            out["ece_sts_floor"] = ece_noise_floor(surv[valid]) if valid.any() else None
+            out["ece_sts_floor_by_position"] = [ece_noise_floor(surv[valid[:, k], k]) if valid[:, k].any()
+                                                else None for k in range(B)]
         out[f"_surv_{name}"] = (surv[valid], labels[valid])  # for the reliability plot (dropped from JSON)
     out["auc"] = out["auc_raw"]
     out["auc_by_position"] = [auroc(conf[valid[:, k], k], labels[valid[:, k], k]) if valid[:, k].any() else None

@@ -25,8 +25,8 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
-from sglang_dspark.control import (BatchContext, CalibrationMonitor, DraftCostModel, PlainDecodeGate, StepOutcome,
-                                   make_policy, probe_due, survival, unmet_floors)
+from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMonitor, DraftCostModel, PlainDecodeGate,
+                                   StepOutcome, make_policy, survival, unmet_floors)
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
@@ -98,6 +98,7 @@ class DSparkExtWorker(BaseSpecWorker):
         self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
         self.draft_cost = DraftCostModel()
+        self.probe_gate = BatchProbeGate()
         if self.options.draft_skip and hasattr(self.policy, "draft_cost"):
             # with draft skipping, a request verified now is drafted again next step: its draft is part of the price
             self.policy.draft_cost = self.draft_cost
@@ -213,7 +214,7 @@ class DSparkExtWorker(BaseSpecWorker):
         streak = state.zero_streak
         if not self.options.draft_skip:
             return torch.arange(len(streak))
-        return torch.nonzero(probe_due(streak)).view(-1)
+        return torch.nonzero(self.probe_gate.active(streak, self.step_index)).view(-1)
 
     def _decode(self, batch) -> GenerationBatchResult:
         bs = len(batch.reqs)
@@ -232,6 +233,10 @@ class DSparkExtWorker(BaseSpecWorker):
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
+        fast_path = self.options.plain_decode_fast_path and not self.costs.profiling
+        if fast_path and len(active) == 0:  # nobody is drafted for: nothing to ask the controller either
+            return self._plain_decode(batch, state, anchors, committed, torch.zeros(bs, dtype=torch.int64), stats,
+                                      None, None, None)
         prof = self.profiler is not None
         try:
             with section("dspark.draft", prof):
@@ -268,8 +273,10 @@ class DSparkExtWorker(BaseSpecWorker):
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
 
+        if fallback is None:
+            self.probe_gate.observe(self.step_index, len(active), int(verify_lens.sum()))
         # (while profiling the verify cost curve, l = 0 steps are verify samples too: T = R anchors the fit)
-        if self.options.plain_decode_fast_path and not self.costs.profiling and int(verify_lens.sum()) == 0:
+        if fast_path and int(verify_lens.sum()) == 0:
             return self._plain_decode(batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits,
                                       None if fallback else conf)
 

@@ -89,3 +89,16 @@ def test_sampled_rows_use_their_own_temperatures():
     assert torch.allclose(mon.calibrate(z), torch.sigmoid(z))  # no mask: the greedy set
     same = CalibrationMonitor(2, temperatures=[1.0, 1.0])  # no sampled set: one set serves both
     assert torch.allclose(same.calibrate(z, sampled=torch.tensor([True, True])), torch.sigmoid(z))
+
+
+def test_ece_noise_floor_matches_calibrated_labels_and_shrinks_with_samples():
+    from sglang_dspark.drafter.sts import ece, ece_noise_floor
+
+    gen = torch.Generator().manual_seed(0)
+    small, large = torch.rand(300, generator=gen), torch.rand(30000, generator=gen)
+    floor_small, floor_large = ece_noise_floor(small), ece_noise_floor(large)
+    assert floor_large < floor_small / 5  # ~ 1/sqrt(n)
+    # a calibrated predictor's measured ECE scatters around the floor; a biased one sits far above it
+    labels = torch.rand(300, generator=gen) < small
+    assert ece(small, labels) < 3 * floor_small
+    assert ece((small + 0.3).clamp(max=1), labels) > 3 * floor_small

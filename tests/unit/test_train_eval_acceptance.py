@@ -49,6 +49,41 @@ def test_cli_end_to_end_writes_report_and_plots(setup):
     assert report["rounds"] == saved["rounds"] > 0
 
 
+def test_fit_sts_on_free_running_rounds_excludes_training_prompts_and_resumes(setup, monkeypatch):
+    root, *_ = setup
+    train = [json.loads(line)["turns"][0] for line in (root / "a.jsonl").read_text().splitlines()]
+    used = root / "generated.jsonl"  # training data in `train generate`'s format: its prompts must be skipped
+    used.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": train[0]},
+                                                         {"role": "assistant", "content": "ok"}]}) + "\n")
+    seen = []
+    real = eval_acceptance.speculative_generate
+
+    def spy(target, drafter, prompt_ids, *a, **k):
+        seen.append(prompt_ids)
+        return real(target, drafter, prompt_ids, *a, **k)
+
+    monkeypatch.setattr(eval_acceptance, "speculative_generate", spy)
+    sts = root / "fit" / "sts.json"
+    sts.parent.mkdir()
+    argv = ["--target", str(root / "target"), "--drafter", str(root / "drafter"), "--dataset", str(root / "a.jsonl"),
+            "--exclude-prompts", str(used), "--max-new-tokens", "10", "--temperature", "0", "--dtype", "fp32",
+            "--fit-sts", str(sts), "--json", str(root / "fit" / "r.json")]
+    report = eval_acceptance.main(argv)
+    assert len(seen) == len(train) - 1  # the training prompt was excluded
+    doc = json.loads(sts.read_text())
+    assert len(doc["temperatures"]) == 4 and doc["num_blocks"] == report["rounds"]
+    assert "free-running" in doc["labels"] and report["fitted_sts"]["temperatures"] == doc["temperatures"]
+    assert report["ece_sts_floor"] is None  # the tiny drafter has no sts.json of its own
+    # a rerun finds every prompt in the rounds log: no decoding, same rounds, same fit
+    seen.clear()
+    again = eval_acceptance.main(argv)
+    assert seen == [] and again["rounds"] == report["rounds"]
+    assert again["fitted_sts"]["temperatures"] == report["fitted_sts"]["temperatures"]
+    # the sampled regime is added next to the greedy one
+    eval_acceptance.main([a if a != "0" else "1" for a in argv])
+    assert "temperatures_sampled" in json.loads(sts.read_text())
+
+
 def test_greedy_speculative_equals_greedy_target(setup):
     root, model, tok, drafter = setup
     target = HFTarget("", [0, 1], model=model)
