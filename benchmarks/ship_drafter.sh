@@ -8,16 +8,23 @@ PY=.venv/bin/python
 TARGET=models/qwen2.5-coder-0.5b-instruct
 SHIP=models/drafters/dspark-qwen2.5-coder-0.5b-instruct
 RES=benchmarks/results
-LIMIT=${LIMIT:-4}; TOKENS=${TOKENS:-64}
+LIMIT=${LIMIT:-20}; TOKENS=${TOKENS:-64}
 
-# STS on the held-out split (the fit's --holdout-fraction), one temperature set per regime: greedy labels for
-# T=0 requests, T=1 rejection-sampling labels for sampled ones; then the reduced draft vocabulary.
-$PY -m sglang_dspark.train calibrate --cache runs/cache --drafter "$DSPARK" --temperature 0 --holdout-fraction 0.1
-$PY -m sglang_dspark.train calibrate --cache runs/cache --drafter "$DSPARK" --temperature 1 --holdout-fraction 0.1
+# The reduced draft vocabulary, then STS per regime fitted on free-running speculative decoding (the way the
+# server drafts) of 48 training prompts the drafter never saw; greedy labels for T=0 requests, T=1 rejection
+# sampling for sampled ones.
 $PY -m sglang_dspark.train draft-vocab --data runs/data/generated.jsonl --data runs/data/extra_text.jsonl \
     --drafter "$DSPARK" --size 32768
 mkdir -p "$SHIP"
-cp "$DSPARK/config.json" "$DSPARK/model.safetensors" "$DSPARK/sts.json" "$DSPARK/draft_vocab.safetensors" "$SHIP/"
+cp "$DSPARK/config.json" "$DSPARK/model.safetensors" "$DSPARK/draft_vocab.safetensors" "$SHIP/"
+rm -f "$SHIP/sts.json"
+TR=../shared/data/train
+for T in 0 1; do
+  $PY -m sglang_dspark.eval_acceptance --drafter "$SHIP" --dataset $TR/livecodebench.jsonl \
+      --dataset $TR/arena-hard-v2.jsonl --dataset $TR/lbpp.jsonl --limit 16 --max-new-tokens 64 \
+      --exclude-prompts runs/data/generated.jsonl --temperature $T --fit-sts "$SHIP/sts.json" \
+      --json runs/sts_fit_T$T.json
+done
 # like-for-like ablation: the DFlash drafter proposes from the same reduced vocabulary
 cp "$DSPARK/draft_vocab.safetensors" "$DFLASH/"
 

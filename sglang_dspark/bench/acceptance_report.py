@@ -32,6 +32,13 @@ def run(args: argparse.Namespace) -> None:
             row = {"drafter": name, "T": T, "tau (all)": r["tau"]}
             row.update({f"tau {k}": v for k, v in r["tau_by_dataset"].items()})
             row.update({"ece_raw": r.get("ece_raw"), "ece_sts": r.get("ece_sts"), "auc": r.get("auc")})
+            by_pos, floors = r.get("ece_sts_by_position"), r.get("ece_sts_floor_by_position")
+            if by_pos and any(e is not None for e in by_pos):
+                worst = max((k for k, e in enumerate(by_pos) if e is not None), key=lambda k: by_pos[k])
+                row["worst position ece_sts"] = f"{by_pos[worst]:.4f} (pos {worst + 1})"
+                if floors and floors[worst] is not None:  # the ECE of perfect calibration on as many rounds
+                    row["its noise floor"] = round(floors[worst], 4)
+            row["rounds"] = r.get("rounds")
             rows.append(row)
             curves[(name, T)] = r["cond_accept_by_position"]
     if not rows:

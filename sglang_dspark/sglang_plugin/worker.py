@@ -14,6 +14,7 @@ A drafter failure (exception or non-finite output) makes that step a plain decod
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -195,10 +196,16 @@ class DSparkExtWorker(BaseSpecWorker):
             tokens[a] = prop.tokens[:, :G]
             conf[a] = prop.conf_logits[:, :G]
             if bool((draft_temps[a] > 0).any()):  # only sampled drafts need q; greedy ones are point masses
-                dense = prop.dense_logits(self.drafter.config.vocab_size)[:, :G]
-                logits = torch.zeros(bs, G, dense.shape[-1], dtype=dense.dtype, device=self.device)
-                logits[a] = dense
+                logits = functools.partial(self._dense_draft_logits, prop, a, bs)
         return tokens, logits, conf, time.perf_counter() - t0
+
+    def _dense_draft_logits(self, prop, active: torch.Tensor, bs: int) -> torch.Tensor:
+        """[bs, gamma, V] draft logits over the full vocabulary. Built only when a step verifies: at T > 0 it is the
+        largest tensor of the step, and most probes end in plain decoding."""
+        dense = prop.dense_logits(self.drafter.config.vocab_size)[:, : self.gamma]
+        logits = torch.zeros(bs, self.gamma, dense.shape[-1], dtype=dense.dtype, device=self.device)
+        logits[active] = dense
+        return logits
 
     def _verify_backend(self):
         """The target's attention backend, switched (once) to chain-only verify attention where we have one."""
@@ -439,6 +446,7 @@ class DSparkExtWorker(BaseSpecWorker):
         if draft_logits is None:
             q = None
         else:
+            draft_logits = draft_logits()
             sampled = draft_temps > 0
             q = torch.softmax(draft_logits / draft_temps.clamp_min(1e-6).view(-1, 1, 1), dim=-1)
             onehot = torch.zeros_like(q).scatter_(-1, drafts.unsqueeze(-1), 1.0)
