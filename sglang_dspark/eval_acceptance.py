@@ -24,7 +24,7 @@ import sys
 import torch
 from tqdm import tqdm
 
-from .drafter import fit_sts, load_drafter, load_sts, save_sts
+from .drafter import fit_sts, fit_sts_affine, load_drafter, load_sts, load_sts_biases, save_sts
 from .drafter.sts import survival_ece
 from .eval.datasets import dataset_name, default_datasets, load_prompts, used_prompts
 from .eval.report import acceptance_stats, calibration_stats, stack_rounds, write_plots
@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip prompts that appear in this training data or prompt set (repeatable)")
     p.add_argument("--fit-sts", default=None, metavar="STS_JSON",
                    help="fit STS on this run's rounds and write this regime's temperatures there")
+    p.add_argument("--sts-form", choices=["affine", "temperature"], default="affine",
+                   help="--fit-sts: sigmoid(z/T + b) per position (default) or the paper's temperature only")
     p.add_argument("--rounds", default=None, help="per-prompt rounds log for resuming (default: <json>.rounds.jsonl)")
     return p
 
@@ -101,9 +103,11 @@ def run(args) -> dict:
     stop_ids = target.stop_token_ids(tokenizer)
     regime = "greedy" if args.temperature <= 0 else "sampled"  # drafter/sts.py: calibrated per acceptance rule
     if args.sts:
-        temps = load_sts(args.sts, regime)
+        temps, biases = load_sts(args.sts, regime), load_sts_biases(args.sts, regime)
+    elif regime == "sampled":
+        temps, biases = drafter.sts_temperatures_sampled, drafter.sts_biases_sampled
     else:
-        temps = drafter.sts_temperatures_sampled if regime == "sampled" else drafter.sts_temperatures
+        temps, biases = drafter.sts_temperatures, drafter.sts_biases
     B = drafter.block_size
 
     exclude = set()
@@ -129,18 +133,18 @@ def run(args) -> dict:
             log.add(name, i, out.rounds)
             rounds += out.rounds
         per_dataset[name] = {**acceptance_stats(rounds, B),
-                             **{k: v for k, v in calibration_stats(rounds, B, temps).items()
+                             **{k: v for k, v in calibration_stats(rounds, B, temps, biases).items()
                                 if not k.startswith("_")}}
         all_rounds += rounds
 
     pooled = acceptance_stats(all_rounds, B)
-    calib = calibration_stats(all_rounds, B, temps)
+    calib = calibration_stats(all_rounds, B, temps, biases)
     report = {
         "tau": pooled["tau"], "tau_by_dataset": {k: v["tau"] for k, v in per_dataset.items()},
         "cond_accept_by_position": pooled["cond_accept_by_position"],
         "survival_by_position": pooled["survival_by_position"], "rounds": pooled["rounds"],
         **{k: v for k, v in calib.items() if not k.startswith("_")},
-        "sts_temperatures": temps, "per_dataset": per_dataset,
+        "sts_temperatures": temps, "sts_biases": biases, "per_dataset": per_dataset,
         "settings": {"target": args.target, "drafter": args.drafter, "temperature": args.temperature,
                      "max_new_tokens": args.max_new_tokens, "limit": args.limit, "seed": args.seed,
                      "block_size": B, "dtype": args.dtype,
@@ -165,7 +169,10 @@ def fit_sts_from_rounds(rounds: list[Round], B: int, args, regime: str) -> dict:
     if not rounds:
         raise ValueError("--fit-sts: no speculative rounds to fit on")
     conf, acc, ver = stack_rounds(rounds, B)
-    temps = fit_sts(conf, acc, ver)
+    if args.sts_form == "affine":
+        temps, biases = fit_sts_affine(conf, acc, ver)
+    else:
+        temps, biases = fit_sts(conf, acc, ver), None
     full = ver == B
     meta = {"block_size": B, "num_blocks": len(rounds),
             "labels": f"free-running speculative decoding (batch 1, full block verified every round, "
@@ -173,11 +180,12 @@ def fit_sts_from_rounds(rounds: list[Round], B: int, args, regime: str) -> dict:
             "acceptance": "greedy" if regime == "greedy" else f"rejection-sampling T={args.temperature}",
             "prompts": [dataset_name(p) for p in args.dataset or default_datasets()], "limit": args.limit,
             "heldout_tau": 1.0 + float(acc[full].float().mean()) if bool(full.any()) else None,
-            "ece_raw": survival_ece(conf, acc, ver), "ece_sts": survival_ece(conf, acc, ver, temps)}
-    save_sts(args.fit_sts, temps, meta, regime=regime)
+            "form": args.sts_form,
+            "ece_raw": survival_ece(conf, acc, ver), "ece_sts": survival_ece(conf, acc, ver, temps, biases=biases)}
+    save_sts(args.fit_sts, temps, meta, regime=regime, biases=biases)
     print(f"[eval] fitted STS ({regime}) on {len(rounds)} rounds: in-sample ECE {meta['ece_raw']:.4f} -> "
-          f"{meta['ece_sts']:.4f}; T = {[round(t, 3) for t in temps]} -> {args.fit_sts}")
-    return {"path": args.fit_sts, "regime": regime, "temperatures": temps, **meta}
+          f"{meta['ece_sts']:.4f}; T = {[round(t, 3) for t in temps]} b = {biases} -> {args.fit_sts}")
+    return {"path": args.fit_sts, "regime": regime, "temperatures": temps, "biases": biases, **meta}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,11 +1,13 @@
 """Online calibration of the drafter's confidences: per-position ECE tracking and STS re-fitting.
 
 Confidence logits z[r, k] model P(draft k accepted | drafts < k accepted). Served confidences are
-c[r, k] = sigmoid(z[r, k] / T_k) (Sequential Temperature Scaling, one temperature per position). The monitor
+c[r, k] = sigmoid(z[r, k] / T_k + b_k) (Sequential Temperature Scaling, one temperature per position; the bias is
+our optional extension, drafter/sts.py, 0 when the sts.json has none). The monitor
 compares predicted prefix survival prod_{i<=k} c[r, i] with the realised label "drafts 0..k all accepted" on the
 positions that were actually verified (k < verify_len), in `num_bins` equal-width bins per position - the same
 ECE the DeepSpec evaluator reports. When online calibration is on and some position's ECE exceeds the threshold
-(with enough samples), refit() fits new temperatures on a rolling buffer of raw (logits, outcome) rows.
+(with enough samples), refit() fits new temperatures on a rolling buffer of raw (logits, outcome) rows; a refit is
+temperature-only and clears the biases (fit_fn returns temperatures).
 
 fit_sts_grid is a self-contained STS fit (grid search, positions in order, earlier temperatures fixed);
 drafter/sts.py's fit_sts(conf_logits, accepted_prefix_len, verified_len) -> list[float] can be injected instead.
@@ -69,6 +71,8 @@ class CalibrationMonitor:
         fit_fn: FitFn | None = None,
         temperatures: list[float] | None = None,
         temperatures_sampled: list[float] | None = None,
+        biases: list[float] | None = None,
+        biases_sampled: list[float] | None = None,
     ):
         self.gamma = gamma
         self.num_bins = num_bins
@@ -84,6 +88,8 @@ class CalibrationMonitor:
                                      else torch.tensor(temperatures_sampled, dtype=torch.float64))
         if self.temperatures_sampled is not None and self.temperatures_sampled.numel() != gamma:
             raise ValueError(f"need {gamma} sampled temperatures, got {self.temperatures_sampled.numel()}")
+        self.biases = self._per_position(biases, "biases")
+        self.biases_sampled = self._per_position(biases_sampled, "sampled biases")
         self.num_refits = 0
         # rolling buffer of raw rows for refit()
         self._logits = torch.zeros(buffer_size, gamma, dtype=torch.float32)
@@ -93,6 +99,13 @@ class CalibrationMonitor:
         self._filled = 0
         self.reset_stats()
 
+    def _per_position(self, values: list[float] | None, what: str) -> torch.Tensor:
+        out = torch.zeros(self.gamma, dtype=torch.float64) if values is None else torch.tensor(values,
+                                                                                              dtype=torch.float64)
+        if out.numel() != self.gamma:
+            raise ValueError(f"need {self.gamma} {what}, got {out.numel()}")
+        return out
+
     def reset_stats(self) -> None:
         shape = (self.gamma, self.num_bins)
         self._count = torch.zeros(shape, dtype=torch.float64)
@@ -100,13 +113,16 @@ class CalibrationMonitor:
         self._sum_label = torch.zeros(shape, dtype=torch.float64)
 
     def calibrate(self, conf_logits: torch.Tensor, sampled: torch.Tensor | None = None) -> torch.Tensor:
-        """Calibrated per-position acceptance probabilities sigmoid(z / T_k): Float[R, G].
-        sampled: Bool[R], rows served at temperature > 0 (they use the sampled temperatures when there are any)."""
-        temps = self.temperatures.to(device=conf_logits.device, dtype=torch.float32)
+        """Calibrated per-position acceptance probabilities sigmoid(z / T_k + b_k): Float[R, G].
+        sampled: Bool[R], rows served at temperature > 0 (they use the sampled set when there is one)."""
+        dev = conf_logits.device
+        temps = self.temperatures.to(device=dev, dtype=torch.float32)
+        bias = self.biases.to(device=dev, dtype=torch.float32)
         if sampled is not None and self.temperatures_sampled is not None and bool(sampled.any()):
-            hot = self.temperatures_sampled.to(device=conf_logits.device, dtype=torch.float32)
-            temps = torch.where(sampled.to(conf_logits.device).view(-1, 1), hot, temps)
-        return torch.sigmoid(conf_logits.float() / temps)
+            hot = sampled.to(dev).view(-1, 1)
+            temps = torch.where(hot, self.temperatures_sampled.to(device=dev, dtype=torch.float32), temps)
+            bias = torch.where(hot, self.biases_sampled.to(device=dev, dtype=torch.float32), bias)
+        return torch.sigmoid(conf_logits.float() / temps + bias)
 
     def record(self, conf_logits: torch.Tensor, verify_lens: torch.Tensor, accept_lens: torch.Tensor,
                sampled: torch.Tensor | None = None) -> None:
@@ -164,6 +180,8 @@ class CalibrationMonitor:
             raise ValueError(f"fit function returned invalid temperatures {temps}")
         self.temperatures = torch.tensor([float(t) for t in temps], dtype=torch.float64)
         self.temperatures_sampled = None  # live outcomes mix both regimes: one refitted set serves both
+        self.biases.zero_()
+        self.biases_sampled.zero_()
         self.num_refits += 1
         self.reset_stats()
         return self.temperatures.tolist()

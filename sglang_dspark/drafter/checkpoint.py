@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from .config import DSparkConfig
 from .draft_vocab import DRAFT_VOCAB_NAME, load_draft_vocab
 from .model import DSparkDraftModel
-from .sts import load_sts
+from .sts import load_sts, load_sts_biases
 
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 WEIGHTS_NAME = "model.safetensors"
@@ -90,6 +90,8 @@ def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = No
             raise DrafterCheckpointError(f"{sts_path}: {len(temps)} temperatures for block_size {config.block_size}")
         model.sts_temperatures = temps
         model.sts_temperatures_sampled = load_sts(sts_path, "sampled")
+        model.sts_biases = load_sts_biases(sts_path)
+        model.sts_biases_sampled = load_sts_biases(sts_path, "sampled")
     vocab_path = os.path.join(path, DRAFT_VOCAB_NAME)
     if draft_vocab and os.path.exists(vocab_path):
         model.set_draft_vocab(load_draft_vocab(vocab_path, config.vocab_size))

@@ -206,6 +206,8 @@ class DSparkDraftModel(nn.Module):
         self.confidence_head = ConfidenceHead(c.confidence_in_features) if c.enable_confidence_head else None
         self.sts_temperatures: list[float] | None = None  # set by load_drafter when sts.json is present
         self.sts_temperatures_sampled: list[float] | None = None  # for requests at T > 0 (sts.py: two regimes)
+        self.sts_biases: list[float] | None = None  # sts.py: optional affine extension, None = temperature only
+        self.sts_biases_sampled: list[float] | None = None
         self.draft_vocab: torch.Tensor | None = None  # reduced serving vocabulary (set_draft_vocab)
         self._draft_lm_head: torch.Tensor | None = None
         self._draft_w2: torch.Tensor | None = None

@@ -5,6 +5,14 @@ prod_{i<=k} c_i (earlier T_i fixed) against the label "drafts 0..k were all acce
 temperature is order-preserving per position, so AUROC at a single position never changes.
 File: sts.json next to the checkpoint, {"format": "dspark-sts-v1", "temperatures": [T_1..T_B], ...meta}, plus
 optionally "temperatures_sampled": [T_1..T_B] and "sampled": {...meta} for requests served at temperature > 0.
+
+Our extension (optional keys "biases" / "biases_sampled", absent = 0): c_k = sigmoid(z_k / T_k + b_k), fitted by
+fit_sts_affine left to right over a (T, b) grid. Why: a temperature only stretches logits around z = 0 (c = 0.5).
+Our head, measured on free-running rounds, is calibrated below c ~ 0.15 and overconfident above (c = 0.95 realised
+0.68-0.76 at position 1), an affine error in logit space that no temperature removes: temperature-only STS left
+5-6% ECE at position 1 where the noise floor is ~2%. The affine fit minimises the log-loss of the prefix-survival
+prediction, not its ECE: with a free bias, ECE is minimised by a constant at the base rate (T -> inf), which is
+perfectly calibrated and useless to the controller; log-loss is a proper score and keeps the ranking.
 Why two regimes: at T = 0 a draft is accepted iff it is the target's argmax; at T > 0 with probability
 sum min(p, q). The same confidence logit predicts different acceptance rates under the two rules, and one set of
 temperatures fitted on greedy labels mis-calibrates sampled requests (position 1: ECE 10.8% at T = 1).
@@ -88,10 +96,15 @@ def auroc(pred: torch.Tensor, label: torch.Tensor) -> float:
     return float(u / (n_pos * n_neg))
 
 
-def apply_sts(conf_logits: torch.Tensor, temps: Sequence[float] | torch.Tensor) -> torch.Tensor:
-    """Calibrated per-position confidences sigmoid(z_k / T_k); conf_logits [..., B]."""
-    t = torch.as_tensor(temps, dtype=torch.float32, device=conf_logits.device)
-    return torch.sigmoid(conf_logits.float() / t[: conf_logits.shape[-1]])
+def apply_sts(conf_logits: torch.Tensor, temps: Sequence[float] | torch.Tensor,
+              biases: Sequence[float] | torch.Tensor | None = None) -> torch.Tensor:
+    """Calibrated per-position confidences sigmoid(z_k / T_k + b_k); conf_logits [..., B]."""
+    n = conf_logits.shape[-1]
+    t = torch.as_tensor(temps, dtype=torch.float32, device=conf_logits.device)[:n]
+    scaled = conf_logits.float() / t
+    if biases is not None:
+        scaled = scaled + torch.as_tensor(biases, dtype=torch.float32, device=conf_logits.device)[:n]
+    return torch.sigmoid(scaled)
 
 
 def prefix_labels(accepted_prefix_len: torch.Tensor, verified_len: torch.Tensor, block_size: int):
@@ -105,37 +118,71 @@ def fit_sts(conf_logits: torch.Tensor, accepted_prefix_len: torch.Tensor, verifi
     """Grid-search T_1..T_B left to right (see module doc). conf_logits [n, B]; accepted_prefix_len [n] = how
     many leading drafts were accepted; verified_len [n] = how many were verified (default B). Rows where position
     k was not verified do not vote for T_k. Ties prefer the temperature closest to 1."""
+    temps, _ = _fit_sequential(conf_logits, accepted_prefix_len, verified_len, grid, torch.zeros(1), bins)
+    return temps
+
+
+def default_bias_grid() -> torch.Tensor:
+    return torch.linspace(-3.0, 3.0, 61, dtype=torch.float64)  # 0.1 steps in logit space
+
+
+def fit_sts_affine(conf_logits: torch.Tensor, accepted_prefix_len: torch.Tensor,
+                   verified_len: torch.Tensor | None = None, grid: Sequence[float] | torch.Tensor | None = None,
+                   bias_grid: Sequence[float] | torch.Tensor | None = None,
+                   bins: int = 20) -> tuple[list[float], list[float]]:
+    """A bias per position next to the temperature (module doc): (T_1..T_B, b_1..b_B), searched jointly per
+    position, left to right, minimising the log-loss of the prefix-survival prediction. Ties prefer b closest to 0,
+    then T closest to 1."""
+    return _fit_sequential(conf_logits, accepted_prefix_len, verified_len, grid,
+                           default_bias_grid() if bias_grid is None else bias_grid, bins, objective="nll")
+
+
+def _nll_rows(pred: torch.Tensor, label: torch.Tensor, *_) -> torch.Tensor:
+    p = pred.clamp(1e-9, 1 - 1e-9)
+    return -(label * p.log() + (1 - label) * (1 - p).log()).mean(1)
+
+
+def _fit_sequential(conf_logits, accepted_prefix_len, verified_len, grid, bias_grid, bins, objective="ece"):
+    score = _ece_rows if objective == "ece" else _nll_rows
     z = conf_logits.double().cpu()
     n, B = z.shape
     acc = accepted_prefix_len.cpu().long()
     ver = torch.full((n,), B, dtype=torch.long) if verified_len is None else verified_len.cpu().long()
     grid_t = default_grid() if grid is None else torch.as_tensor(grid, dtype=torch.float64)
+    grid_b = torch.as_tensor(bias_grid, dtype=torch.float64)
     if (grid_t <= 0).any():
         raise ValueError("STS grid temperatures must be > 0")
+    # candidates ordered by preference so the first minimum wins ties: |b| ascending, then |log T| ascending
+    grid_b = grid_b[grid_b.abs().argsort(stable=True)]
+    grid_t = grid_t[grid_t.log().abs().argsort(stable=True)]
     labels, valid = prefix_labels(acc, ver, B)
     temps: list[float] = []
-    prefix = torch.ones(n, dtype=torch.float64)  # prod_{i<k} sigmoid(z_i / T_i)
+    biases: list[float] = []
+    prefix = torch.ones(n, dtype=torch.float64)  # prod_{i<k} sigmoid(z_i / T_i + b_i)
     for k in range(B):
         rows = valid[:, k]
-        best_t = 1.0
+        best = (float("inf"), 1.0, 0.0)
         if rows.any():
-            pred = prefix[rows][None, :] * torch.sigmoid(z[rows, k][None, :] / grid_t[:, None])  # [G, n_k]
-            errs = _ece_rows(pred, labels[rows, k].double(), bins)
-            # smallest ECE; among (numerically) equal ones the temperature closest to 1
-            best = errs.min()
-            tied = torch.nonzero(errs <= best + 1e-12).flatten()
-            best_t = float(grid_t[tied[grid_t[tied].log().abs().argmin()]])
-        temps.append(float(best_t))
-        prefix = prefix * torch.sigmoid(z[:, k] / best_t)
-    return temps
+            zk, pk, yk = z[rows, k], prefix[rows], labels[rows, k].double()
+            for b in grid_b.tolist():  # one [G, n_k] slab per bias keeps memory flat
+                pred = pk[None, :] * torch.sigmoid(zk[None, :] / grid_t[:, None] + b)
+                errs = score(pred, yk, bins)
+                i = int(torch.nonzero(errs <= errs.min() + 1e-12)[0])  # first of the (numerically) tied
+                if float(errs[i]) < best[0] - 1e-12:
+                    best = (float(errs[i]), float(grid_t[i]), float(b))
+        temps.append(best[1])
+        biases.append(best[2])
+        prefix = prefix * torch.sigmoid(z[:, k] / best[1] + best[2])
+    return temps, biases
 
 
 def survival_ece(conf_logits: torch.Tensor, accepted_prefix_len: torch.Tensor, verified_len: torch.Tensor | None,
-                 temps: Sequence[float] | None = None, bins: int = 20) -> float:
+                 temps: Sequence[float] | None = None, bins: int = 20,
+                 biases: Sequence[float] | None = None) -> float:
     """ECE of cumulative-product predictions over all verified (row, position) pairs, pooled."""
     n, B = conf_logits.shape
     ver = torch.full((n,), B, dtype=torch.long) if verified_len is None else verified_len.cpu().long()
-    probs = apply_sts(conf_logits.cpu(), temps if temps is not None else [1.0] * B).double()
+    probs = apply_sts(conf_logits.cpu(), temps if temps is not None else [1.0] * B, biases).double()
     surv = probs.cumprod(dim=-1)
     labels, valid = prefix_labels(accepted_prefix_len.cpu().long(), ver, B)
     return ece(surv[valid], labels[valid], bins)
@@ -145,22 +192,33 @@ REGIMES = ("greedy", "sampled")
 
 
 def save_sts(path: str | os.PathLike, temps: Sequence[float], meta: dict[str, Any] | None = None,
-             regime: str = "greedy") -> None:
-    """Write one regime's temperatures. "greedy" rewrites the file (keeping an existing sampled set); "sampled"
-    adds its set to an existing file, or starts a file whose greedy set is the same temperatures."""
+             regime: str = "greedy", biases: Sequence[float] | None = None) -> None:
+    """Write one regime's temperatures (and biases, if fitted). "greedy" rewrites the file (keeping an existing
+    sampled set); "sampled" adds its set to an existing file, or starts a file whose greedy set is the same."""
     if regime not in REGIMES:
         raise ValueError(f"STS regime must be one of {REGIMES}, got {regime!r}")
     temps = [float(t) for t in temps]
     _check_temps(temps, path)
+    if biases is not None:
+        biases = [float(b) for b in biases]
+        _check_biases(biases, len(temps), path)
     old = _read_doc(path) if os.path.exists(path) else None
     if regime == "greedy":
         doc = dict(meta or {})
         doc.update(format=STS_FORMAT, temperatures=temps)
+        if biases is not None:
+            doc["biases"] = biases
         if old is not None and "temperatures_sampled" in old:
             doc["temperatures_sampled"], doc["sampled"] = old["temperatures_sampled"], old.get("sampled", {})
+            if "biases_sampled" in old:
+                doc["biases_sampled"] = old["biases_sampled"]
     else:
-        doc = old if old is not None else {"format": STS_FORMAT, "temperatures": temps}
+        doc = old if old is not None else {"format": STS_FORMAT, "temperatures": temps,
+                                           **({"biases": biases} if biases is not None else {})}
         doc["temperatures_sampled"], doc["sampled"] = temps, dict(meta or {})
+        doc.pop("biases_sampled", None)
+        if biases is not None:
+            doc["biases_sampled"] = biases
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
@@ -191,6 +249,27 @@ def load_sts(path: str | os.PathLike, regime: str = "greedy") -> list[float]:
             raise StsFileError(f"{path}: 'temperatures_sampled' has {len(temps)} entries, 'temperatures' "
                                f"{len(doc['temperatures'])}")
     return [float(t) for t in temps]
+
+
+def load_sts_biases(path: str | os.PathLike, regime: str = "greedy") -> list[float] | None:
+    """The biases of one regime (None: temperature-only STS). "sampled" uses the greedy biases exactly when it
+    uses the greedy temperatures (load_sts)."""
+    if regime not in REGIMES:
+        raise ValueError(f"STS regime must be one of {REGIMES}, got {regime!r}")
+    doc = _read_doc(path)
+    key = "biases_sampled" if regime == "sampled" and "temperatures_sampled" in doc else "biases"
+    biases = doc.get(key)
+    if biases is None:
+        return None
+    _check_biases(biases, len(doc["temperatures"]), path, key)
+    return [float(b) for b in biases]
+
+
+def _check_biases(biases: Any, n: int, path: Any, key: str = "biases") -> None:
+    ok = isinstance(biases, list) and len(biases) == n and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in biases)
+    if not ok:
+        raise StsFileError(f"{path}: key '{key}' must be a list of {n} finite numbers, got {biases!r}")
 
 
 def _check_temps(temps: Any, path: Any, key: str = "temperatures") -> None:

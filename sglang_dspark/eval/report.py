@@ -43,7 +43,8 @@ def acceptance_stats(rounds: list[Round], B: int) -> dict:
             "survival_by_position": surv, "cond_accept_by_position": cond}
 
 
-def calibration_stats(rounds: list[Round], B: int, temps: list[float] | None) -> dict:
+def calibration_stats(rounds: list[Round], B: int, temps: list[float] | None,
+                      biases: list[float] | None = None) -> dict:
     conf, acc, ver = stack_rounds(rounds, B)
     labels, valid = prefix_labels(acc, ver, B)
     out: dict = {}
@@ -52,7 +53,8 @@ def calibration_stats(rounds: list[Round], B: int, temps: list[float] | None) ->
             out.update(ece_sts=None, auc_sts=None, ece_sts_by_position=None, ece_sts_floor=None,
                        ece_sts_floor_by_position=None)
             continue
-        surv = apply_sts(conf, t if t is not None else [1.0] * B).double().cumprod(-1)
+        surv = apply_sts(conf, t if t is not None else [1.0] * B, biases if name == "sts" else None)
+        surv = surv.double().cumprod(-1)
         out[f"ece_{name}"] = ece(surv[valid], labels[valid]) if valid.any() else None
         out[f"auc_{name}"] = auroc(surv[valid], labels[valid]) if valid.any() else None
         out[f"ece_{name}_by_position"] = [ece(surv[valid[:, k], k], labels[valid[:, k], k]) if valid[:, k].any()

@@ -86,11 +86,13 @@ class DSparkExtWorker(BaseSpecWorker):
         model.logits_processor.keep_last_hidden_states = True
         self.num_features = len(ids)
 
-        sts_greedy, sts_sampled = sts
+        g = self.gamma
         self.calibration = CalibrationMonitor(
-            self.gamma, online=self.options.online_calibration,
-            temperatures=(sts_greedy or [1.0] * self.drafter.block_size)[: self.gamma],
-            temperatures_sampled=None if sts_sampled is None else sts_sampled[: self.gamma])
+            g, online=self.options.online_calibration,
+            temperatures=(sts.temperatures or [1.0] * self.drafter.block_size)[:g],
+            temperatures_sampled=None if sts.temperatures_sampled is None else sts.temperatures_sampled[:g],
+            biases=None if sts.biases is None else sts.biases[:g],
+            biases_sampled=None if sts.biases_sampled is None else sts.biases_sampled[:g])
         sa = server_args
         attention = verify_attention_kind(getattr(sa, "attention_backend", None), self.options.chain_verify_attention)
         self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device,

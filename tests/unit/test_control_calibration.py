@@ -102,3 +102,43 @@ def test_ece_noise_floor_matches_calibrated_labels_and_shrinks_with_samples():
     labels = torch.rand(300, generator=gen) < small
     assert ece(small, labels) < 3 * floor_small
     assert ece((small + 0.3).clamp(max=1), labels) > 3 * floor_small
+
+
+def _affine_rollout(n, seed, slope, bias):
+    """Acceptance follows sigmoid(slope * z + bias) at every position: calibrated at one end, overconfident at the
+    other, which no temperature alone can fix."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, GAMMA, generator=gen) * 2.0
+    accepted = torch.rand(n, GAMMA, generator=gen) < torch.sigmoid(slope * logits + bias)
+    return logits, torch.cumprod(accepted.long(), 1).sum(1), torch.full((n,), GAMMA)
+
+
+def test_affine_sts_recovers_slope_and_bias_and_beats_temperature_only():
+    from sglang_dspark.drafter.sts import auroc, fit_sts, fit_sts_affine, survival_ece
+
+    logits, acc, ver = _affine_rollout(6_000, 0, slope=0.6, bias=-1.0)
+    temps, biases = fit_sts_affine(logits, acc, ver)
+    assert 1 / temps[0] == pytest.approx(0.6, rel=0.15) and biases[0] == pytest.approx(-1.0, abs=0.2)
+    held = _affine_rollout(6_000, 1, slope=0.6, bias=-1.0)
+    affine = survival_ece(*held, temps, biases=biases)
+    temperature_only = survival_ece(*held, fit_sts(logits, acc, ver))
+    assert affine < 0.01 < temperature_only
+    # log-loss keeps the ranking: the fit must not collapse to a constant (as an ECE-minimising bias would)
+    assert temps[0] < 5.0
+    z1, label1 = held[0][:, 0], held[1] > 0
+    assert auroc(torch.sigmoid(z1 / temps[0] + biases[0]), label1) == pytest.approx(auroc(z1, label1))
+
+
+def test_monitor_applies_biases_per_regime_and_a_refit_clears_them():
+    monitor = CalibrationMonitor(GAMMA, temperatures=[1.0] * GAMMA, temperatures_sampled=[2.0] * GAMMA,
+                                 biases=[1.0] * GAMMA, biases_sampled=[-1.0] * GAMMA)
+    z = torch.zeros(2, GAMMA)
+    c = monitor.calibrate(z, sampled=torch.tensor([False, True]))
+    assert torch.allclose(c[0], torch.sigmoid(torch.tensor(1.0)).expand(GAMMA))
+    assert torch.allclose(c[1], torch.sigmoid(torch.tensor(-1.0)).expand(GAMMA))
+    with pytest.raises(ValueError, match="biases"):
+        CalibrationMonitor(GAMMA, biases=[0.0])
+    logits, verify_lens, accept_lens = _rollout(2_000, 3)
+    monitor.record(logits, verify_lens, accept_lens)
+    monitor.refit()
+    assert float(monitor.calibrate(z)[0, 0]) == pytest.approx(0.5)

@@ -197,3 +197,30 @@ def test_sts_file_keeps_greedy_and_sampled_sets_apart(tmp_path):
     (model_dir / "sts.json").write_text(json.dumps(doc))
     with pytest.raises(StsFileError, match="temperatures_sampled"):
         load_drafter(model_dir)
+
+
+def test_sts_biases_round_trip_per_regime_and_are_validated(tmp_path):
+    from sglang_dspark.drafter import load_sts_biases
+
+    path = tmp_path / "sts.json"
+    save_sts(path, [1.0, 2.0, 3.0, 4.0], {}, biases=[-0.5, 0.0, 0.25, 1.0])
+    assert load_sts_biases(path) == [-0.5, 0.0, 0.25, 1.0]
+    assert load_sts_biases(path, "sampled") == [-0.5, 0.0, 0.25, 1.0]  # no sampled set: the greedy one
+    save_sts(path, [0.5, 0.6, 0.7, 0.8], {}, regime="sampled")  # a temperature-only sampled set has no biases
+    assert load_sts_biases(path, "sampled") is None and load_sts_biases(path) == [-0.5, 0.0, 0.25, 1.0]
+    save_sts(path, [0.5, 0.6, 0.7, 0.8], {}, regime="sampled", biases=[1.0, 1.0, 1.0, 1.0])
+    save_sts(path, [1.0, 1.0, 1.0, 1.0], {})  # a greedy refit without biases drops the greedy ones only
+    assert load_sts_biases(path) is None and load_sts_biases(path, "sampled") == [1.0, 1.0, 1.0, 1.0]
+    model_dir = write_checkpoint(tmp_path / "ckpt", tiny_config_dict())
+    os.replace(path, model_dir / "sts.json")
+    loaded = load_drafter(model_dir)
+    assert loaded.sts_biases is None and loaded.sts_biases_sampled == [1.0, 1.0, 1.0, 1.0]
+    doc = json.loads((model_dir / "sts.json").read_text())
+    doc["biases"] = [0.0, float("nan"), 0.0, 0.0]
+    (model_dir / "sts.json").write_text(json.dumps(doc).replace("NaN", '"nan"'))
+    with pytest.raises(StsFileError, match="'biases'"):
+        load_drafter(model_dir)
+    doc["biases"] = [0.0, 0.0]
+    (model_dir / "sts.json").write_text(json.dumps(doc))
+    with pytest.raises(StsFileError, match="list of 4"):
+        load_drafter(model_dir)
