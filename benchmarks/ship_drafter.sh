@@ -12,7 +12,7 @@ LIMIT=${LIMIT:-20}; TOKENS=${TOKENS:-64}
 
 # The reduced draft vocabulary, then STS per regime fitted on free-running speculative decoding (the way the
 # server drafts) of 48 training prompts the drafter never saw; greedy labels for T=0 requests, T=1 rejection
-# sampling for sampled ones.
+# sampling for sampled ones. Affine form (temperature + bias per position, drafter/sts.py) by default.
 $PY -m sglang_dspark.train draft-vocab --data runs/data/generated.jsonl --data runs/data/extra_text.jsonl \
     --drafter "$DSPARK" --size 32768
 mkdir -p "$SHIP"

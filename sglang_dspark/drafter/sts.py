@@ -169,7 +169,7 @@ def _fit_sequential(conf_logits, accepted_prefix_len, verified_len, grid, bias_g
                 errs = score(pred, yk, bins)
                 i = int(torch.nonzero(errs <= errs.min() + 1e-12)[0])  # first of the (numerically) tied
                 if float(errs[i]) < best[0] - 1e-12:
-                    best = (float(errs[i]), float(grid_t[i]), float(b))
+                    best = (float(errs[i]), float(grid_t[i]), round(float(b), 6))
         temps.append(best[1])
         biases.append(best[2])
         prefix = prefix * torch.sigmoid(z[:, k] / best[1] + best[2])
