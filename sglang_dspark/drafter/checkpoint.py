@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from .config import DSparkConfig
 from .draft_vocab import DRAFT_VOCAB_NAME, load_draft_vocab
 from .model import DSparkDraftModel
-from .sts import load_sts, load_sts_biases
+from .sts import load_sts_params
 
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 WEIGHTS_NAME = "model.safetensors"
@@ -85,13 +85,11 @@ def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = No
 
     sts_path = os.path.join(path, STS_NAME)
     if os.path.exists(sts_path):
-        temps = load_sts(sts_path)
-        if len(temps) != config.block_size:
-            raise DrafterCheckpointError(f"{sts_path}: {len(temps)} temperatures for block_size {config.block_size}")
-        model.sts_temperatures = temps
-        model.sts_temperatures_sampled = load_sts(sts_path, "sampled")
-        model.sts_biases = load_sts_biases(sts_path)
-        model.sts_biases_sampled = load_sts_biases(sts_path, "sampled")
+        sts = load_sts_params(sts_path)
+        if len(sts.temperatures) != config.block_size:
+            raise DrafterCheckpointError(f"{sts_path}: {len(sts.temperatures)} temperatures for block_size "
+                                         f"{config.block_size}")
+        model.sts_temperatures, model.sts_temperatures_sampled, model.sts_biases, model.sts_biases_sampled = sts
     vocab_path = os.path.join(path, DRAFT_VOCAB_NAME)
     if draft_vocab and os.path.exists(vocab_path):
         model.set_draft_vocab(load_draft_vocab(vocab_path, config.vocab_size))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -263,6 +263,20 @@ def load_sts_biases(path: str | os.PathLike, regime: str = "greedy") -> list[flo
         return None
     _check_biases(biases, len(doc["temperatures"]), path, key)
     return [float(b) for b in biases]
+
+
+class StsParams(NamedTuple):
+    """Both regimes of one sts.json (the sampled set falls back to the greedy one, as in load_sts); biases None
+    where the file has none."""
+    temperatures: list[float]
+    temperatures_sampled: list[float]
+    biases: list[float] | None
+    biases_sampled: list[float] | None
+
+
+def load_sts_params(path: str | os.PathLike) -> StsParams:
+    return StsParams(load_sts(path), load_sts(path, "sampled"), load_sts_biases(path),
+                     load_sts_biases(path, "sampled"))
 
 
 def _check_biases(biases: Any, n: int, path: Any, key: str = "biases") -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 
 from sglang_dspark.drafter.checkpoint import load_drafter
 from sglang_dspark.drafter.config import DSparkConfig
-from sglang_dspark.drafter.sts import load_sts, load_sts_biases
+from sglang_dspark.drafter.sts import StsParams, load_sts_params
 
 
 class DrafterMismatchError(ValueError):
@@ -55,17 +54,8 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
     drafter = load_drafter(path, target_embed=embed, target_lm_head=lm_head, dtype=dtype, device=device,
                            draft_vocab=not options.full_draft_vocab)
     if options.sts_path:
-        sts = StsParams(load_sts(options.sts_path), load_sts(options.sts_path, "sampled"),
-                        load_sts_biases(options.sts_path), load_sts_biases(options.sts_path, "sampled"))
-    else:
+        sts = load_sts_params(options.sts_path)
+    else:  # the drafter's own sts.json, or None everywhere when it has none
         sts = StsParams(drafter.sts_temperatures, drafter.sts_temperatures_sampled, drafter.sts_biases,
                         drafter.sts_biases_sampled)
     return drafter, sts
-
-
-class StsParams(NamedTuple):
-    """Calibration of the confidence head per acceptance regime (drafter/sts.py); None where the file has none."""
-    temperatures: list[float] | None
-    temperatures_sampled: list[float] | None
-    biases: list[float] | None
-    biases_sampled: list[float] | None

@@ -249,14 +249,14 @@ class DSparkExtWorker(BaseSpecWorker):
         prof = self.profiler is not None
         try:
             with section("dspark.draft", prof):
-                drafts, draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
+                drafts, dense_draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
                                                                                draft_temps, active)
         except Exception as e:  # a broken drafter must never take the request down with it
             fallback = "nan" if isinstance(e, DrafterFailure) else "exception"
             if fallback == "exception":
                 logger.exception("DSPARK_EXT drafter failed; plain decoding for this step")
             drafts = torch.zeros(bs, self.gamma, dtype=torch.int64, device=self.device)
-            draft_logits, conf_logits = None, None
+            dense_draft_logits, conf_logits = None, None
 
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
@@ -310,7 +310,7 @@ class DSparkExtWorker(BaseSpecWorker):
             scaling=None if si.acc_scaling_penalties is None else si.acc_scaling_penalties[rows],
         )
         with section("dspark.accept", prof):
-            accept = self._accept(processed, rows, verify_lens, drafts, draft_logits, draft_temps, si, bs)
+            accept = self._accept(processed, rows, verify_lens, drafts, dense_draft_logits, draft_temps, si, bs)
         with section("dspark.context_write", prof):
             self.context_pool.write(slots, positions, self._features(out))
         if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
@@ -435,7 +435,8 @@ class DSparkExtWorker(BaseSpecWorker):
                 verify_lens[blocked] = 0
         return verify_lens
 
-    def _accept(self, processed, rows, verify_lens, drafts, draft_logits, draft_temps, si, bs):
+    def _accept(self, processed, rows, verify_lens, drafts, dense_draft_logits, draft_temps, si, bs):
+        """dense_draft_logits: None (greedy drafts only) or a callable building [bs, gamma, V] (_draft)."""
         gamma = self.gamma
         dense_index = _dense_index(verify_lens, gamma)
         if bool((si.top_ks.view(-1) == 1).all()):
@@ -445,12 +446,11 @@ class DSparkExtWorker(BaseSpecWorker):
         V = p_rows.shape[-1]
         p = torch.zeros(bs, gamma + 1, V, dtype=p_rows.dtype, device=p_rows.device)
         p.view(-1, V)[dense_index] = p_rows
-        if draft_logits is None:
+        if dense_draft_logits is None:
             q = None
         else:
-            draft_logits = draft_logits()
             sampled = draft_temps > 0
-            q = torch.softmax(draft_logits / draft_temps.clamp_min(1e-6).view(-1, 1, 1), dim=-1)
+            q = torch.softmax(dense_draft_logits() / draft_temps.clamp_min(1e-6).view(-1, 1, 1), dim=-1)
             onehot = torch.zeros_like(q).scatter_(-1, drafts.unsqueeze(-1), 1.0)
             q = torch.where(sampled.view(-1, 1, 1), q, onehot)
         return accept_rejection(drafts, q, p, verify_lens.to(drafts.device))
