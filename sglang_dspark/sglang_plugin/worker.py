@@ -14,7 +14,6 @@ A drafter failure (exception or non-finite output) makes that step a plain decod
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -41,14 +40,15 @@ from sglang_dspark.sglang_plugin.step_profile import StepProfiler, section
 from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
 from sglang_dspark.sglang_plugin.verify_batch import (rewrite_as_plain_decode, rewrite_as_verify_extend,
                                                       skip_sampled_logits)
-from sglang_dspark.verify import accept_greedy, accept_rejection
+from sglang_dspark.verify import accept_greedy
 from sglang_dspark.verify.result import AcceptResult, assemble_result
 
 try:  # kernels/ ships with this package; Triton may be missing (CPU-only installs without it)
     from kernels._rng import HAS_TRITON as _HAS_TRITON
 except ImportError:
     _HAS_TRITON = False
-from sglang_dspark.verify.target_dist import process_logits, target_probs
+from sglang_dspark.verify.support import DraftDistribution, accept_rejection_packed, target_support
+from sglang_dspark.verify.target_dist import process_logits
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class DSparkExtWorker(BaseSpecWorker):
         bs, G = len(anchors), self.gamma
         tokens = torch.zeros(bs, G, dtype=torch.int64, device=self.device)
         conf = torch.full((bs, G), -30.0, dtype=torch.float32, device=self.device)  # sigmoid -> ~0: verify none
-        logits = None
+        q = None
         if len(active):
             a = active.to(self.device)
             k, v, valid = self.context_pool.gather(self.req_to_token_pool.req_to_token,
@@ -198,16 +198,10 @@ class DSparkExtWorker(BaseSpecWorker):
             tokens[a] = prop.tokens[:, :G]
             conf[a] = prop.conf_logits[:, :G]
             if bool((draft_temps[a] > 0).any()):  # only sampled drafts need q; greedy ones are point masses
-                logits = functools.partial(self._dense_draft_logits, prop, a, bs)
-        return tokens, logits, conf, time.perf_counter() - t0
-
-    def _dense_draft_logits(self, prop, active: torch.Tensor, bs: int) -> torch.Tensor:
-        """[bs, gamma, V] draft logits over the full vocabulary. Built only when a step verifies: at T > 0 it is the
-        largest tensor of the step, and most probes end in plain decoding."""
-        dense = prop.dense_logits(self.drafter.config.vocab_size)[:, : self.gamma]
-        logits = torch.zeros(bs, self.gamma, dense.shape[-1], dtype=dense.dtype, device=self.device)
-        logits[active] = dense
-        return logits
+                rows = torch.full((bs,), -1, dtype=torch.int64, device=self.device)
+                rows[a] = torch.arange(len(a), device=self.device)
+                q = DraftDistribution(prop.logits[:, :G], draft_temps, rows, prop.vocab)
+        return tokens, q, conf, time.perf_counter() - t0
 
     def _verify_backend(self):
         """The target's attention backend, switched (once) to chain-only verify attention where we have one."""
@@ -249,14 +243,14 @@ class DSparkExtWorker(BaseSpecWorker):
         prof = self.profiler is not None
         try:
             with section("dspark.draft", prof):
-                drafts, dense_draft_logits, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
+                drafts, draft_dist, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
                                                                                draft_temps, active)
         except Exception as e:  # a broken drafter must never take the request down with it
             fallback = "nan" if isinstance(e, DrafterFailure) else "exception"
             if fallback == "exception":
                 logger.exception("DSPARK_EXT drafter failed; plain decoding for this step")
             drafts = torch.zeros(bs, self.gamma, dtype=torch.int64, device=self.device)
-            dense_draft_logits, conf_logits = None, None
+            draft_dist, conf_logits = None, None
 
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
@@ -310,7 +304,7 @@ class DSparkExtWorker(BaseSpecWorker):
             scaling=None if si.acc_scaling_penalties is None else si.acc_scaling_penalties[rows],
         )
         with section("dspark.accept", prof):
-            accept = self._accept(processed, rows, verify_lens, drafts, dense_draft_logits, draft_temps, si, bs)
+            accept = self._accept(processed, rows, verify_lens, drafts, draft_dist, si, bs)
         with section("dspark.context_write", prof):
             self.context_pool.write(slots, positions, self._features(out))
         if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
@@ -435,25 +429,14 @@ class DSparkExtWorker(BaseSpecWorker):
                 verify_lens[blocked] = 0
         return verify_lens
 
-    def _accept(self, processed, rows, verify_lens, drafts, dense_draft_logits, draft_temps, si, bs):
-        """dense_draft_logits: None (greedy drafts only) or a callable building [bs, gamma, V] (_draft)."""
-        gamma = self.gamma
-        dense_index = _dense_index(verify_lens, gamma)
+    def _accept(self, processed, rows, verify_lens, drafts, draft_dist, si, bs):
+        """processed: target logits of the packed verify rows; draft_dist: None (greedy drafts only) or the
+        DraftDistribution of the sampled drafts (_draft)."""
         if bool((si.top_ks.view(-1) == 1).all()):
-            return greedy_accept(drafts, verify_lens, processed.argmax(-1), dense_index)
-        p_rows = target_probs(processed, si.temperatures.view(-1)[rows], si.top_ks.view(-1)[rows],
-                              si.top_ps.view(-1)[rows], si.min_ps.view(-1)[rows] if si.need_min_p_sampling else None)
-        V = p_rows.shape[-1]
-        p = torch.zeros(bs, gamma + 1, V, dtype=p_rows.dtype, device=p_rows.device)
-        p.view(-1, V)[dense_index] = p_rows
-        if dense_draft_logits is None:
-            q = None
-        else:
-            sampled = draft_temps > 0
-            q = torch.softmax(dense_draft_logits() / draft_temps.clamp_min(1e-6).view(-1, 1, 1), dim=-1)
-            onehot = torch.zeros_like(q).scatter_(-1, drafts.unsqueeze(-1), 1.0)
-            q = torch.where(sampled.view(-1, 1, 1), q, onehot)
-        return accept_rejection(drafts, q, p, verify_lens.to(drafts.device))
+            return greedy_accept(drafts, verify_lens, processed.argmax(-1), _dense_index(verify_lens, self.gamma))
+        support = target_support(processed, si.temperatures.view(-1)[rows], si.top_ks.view(-1)[rows],
+                                 si.top_ps.view(-1)[rows], si.min_ps.view(-1)[rows] if si.need_min_p_sampling else None)
+        return accept_rejection_packed(drafts, verify_lens.to(drafts.device), support, draft_dist)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.counters.requests_finished += 1
