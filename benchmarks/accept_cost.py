@@ -3,9 +3,9 @@
     python benchmarks/accept_cost.py [--threads 2] [--out benchmarks/results/accept_cost.json]
 
 Sizes of the embedded target: V = 151,936, the shipped drafter's 32,768-token draft vocabulary, gamma = 7. Cases:
-batch 1 / 4 / 16 with 1 verified draft in the batch or 1 per request, for three sampling settings: the embedded
-model's generation defaults (temperature 0.7, top-k 20, top-p 0.8), top-p 0.95 without top-k, and plain T = 1
-(nothing cut). Logits are random with a few peaked tokens per row, like an LM's. Both rules get the same
+batch 1 / 4 / 16 with 1 verified draft in the batch or 1 per request, for three sampling settings: Qwen's
+recommended chat settings (temperature 0.7, top-k 20, top-p 0.8), top-p 0.95 without top-k, and plain T = 1 (nothing
+cut: what a T = 1 request to the embedded model gets, its generation_config sets no top-k / top-p). Logits are random with a few peaked tokens per row, like an LM's. Both rules get the same
 uniforms and are checked to accept the same drafts before timing.
 """
 
@@ -29,7 +29,7 @@ from sglang_dspark.verify.target_dist import target_probs  # noqa: E402
 V, VD, GAMMA = 151_936, 32_768, 7
 TOP_K_ALL = 1 << 30
 SETTINGS = {
-    "model defaults (T 0.7, top-k 20, top-p 0.8)": (0.7, 20, 0.8),
+    "T 0.7, top-k 20, top-p 0.8 (Qwen chat settings)": (0.7, 20, 0.8),
     "top-p 0.95, no top-k": (1.0, TOP_K_ALL, 0.95),
     "T 1, nothing cut": (1.0, TOP_K_ALL, 1.0),
 }

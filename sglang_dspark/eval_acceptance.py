@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=0, help="prompts per dataset (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--draft-temperature", type=float, default=None,
+                   help="sample drafts at this temperature instead of --temperature (0: greedy drafts); "
+                        "verification stays lossless against the target at --temperature")
     p.add_argument("--seed", type=int, default=980406, help="prompt i uses seed + i")
     p.add_argument("--sts", default=None, help="sts.json (default: the drafter's, if present)")
     p.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
@@ -116,6 +119,7 @@ def run(args) -> dict:
     log = RoundsLog(args.rounds or (args.json + ".rounds.jsonl" if args.json else None), {
         "target": os.path.abspath(args.target), "drafter": os.path.abspath(args.drafter), "dtype": args.dtype,
         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+        **({} if args.draft_temperature is None else {"draft_temperature": args.draft_temperature}),
         "full_draft_vocab": bool(getattr(args, "full_draft_vocab", False)), "limit": args.limit,
         "exclude": sorted(os.path.abspath(p) for p in args.exclude_prompts)})
 
@@ -129,7 +133,7 @@ def run(args) -> dict:
                 continue
             gen = torch.Generator(device=device).manual_seed(args.seed + i)
             out = speculative_generate(target, drafter, render_prompt(tokenizer, turn), args.max_new_tokens,
-                                       args.temperature, gen, stop_ids)
+                                       args.temperature, gen, stop_ids, args.draft_temperature)
             log.add(name, i, out.rounds)
             rounds += out.rounds
         per_dataset[name] = {**acceptance_stats(rounds, B),
@@ -146,6 +150,7 @@ def run(args) -> dict:
         **{k: v for k, v in calib.items() if not k.startswith("_")},
         "sts_temperatures": temps, "sts_biases": biases, "per_dataset": per_dataset,
         "settings": {"target": args.target, "drafter": args.drafter, "temperature": args.temperature,
+                     "draft_temperature": args.draft_temperature,
                      "max_new_tokens": args.max_new_tokens, "limit": args.limit, "seed": args.seed,
                      "block_size": B, "dtype": args.dtype,
                      "verification": "full block every round (scheduler off), batch 1"},

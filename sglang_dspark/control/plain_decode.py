@@ -26,6 +26,9 @@ from .base import survival
 # they are what A/B measurements ask for).
 GATED_POLICIES = ("dspark", "dspark-async", "sps-topk")
 RHO_BOUNDS = (0.05, 2.0)  # a measured ratio outside this is a hiccup (GC, first-call compile), not the engine
+# Verify steps may really cost several times the start-up profile (a sampled batch's acceptance work, a different
+# attention path than profiled): a bound of 2 would drop exactly the ratios kappa exists to learn.
+KAPPA_BOUNDS = (0.05, 8.0)
 
 
 class PlainDecodeGate:
@@ -48,7 +51,7 @@ class PlainDecodeGate:
         if measured_s <= 0 or predicted_verify_s <= 0:
             return
         ratio = measured_s / predicted_verify_s
-        if RHO_BOUNDS[0] <= ratio <= RHO_BOUNDS[1]:
+        if KAPPA_BOUNDS[0] <= ratio <= KAPPA_BOUNDS[1]:
             self.kappa = (1 - self.rate) * self.kappa + self.rate * ratio
 
     def expected_goodput(self, lengths: torch.Tensor, conf: torch.Tensor, cost_model, kv_tokens: int) -> float:

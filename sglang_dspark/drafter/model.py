@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..sampling import sample_rows
 from .config import DSparkConfig
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean argmax (reference §1.6)
@@ -320,7 +321,7 @@ class DSparkDraftModel(nn.Module):
             col = lk.argmax(-1)
             if not bool(greedy.all()):
                 probs = torch.softmax(lk / temperature.clamp_min(GREEDY_TEMPERATURE)[:, None], dim=-1)
-                sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                sampled = sample_rows(probs, generator)  # torch.multinomial: ~8x slower on a CPU
                 col = torch.where(greedy, col, sampled)
             tok = col if vocab is None else vocab[col]
             logits[:, k], tokens[:, k], prev = lk, tok, tok

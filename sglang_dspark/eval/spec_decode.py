@@ -46,15 +46,21 @@ def _new_cache(target: HFTarget):
 
 
 def verify_block(drafts: torch.Tensor, q_logits: torch.Tensor, p_logits: torch.Tensor, temperature: float,
-                 generator) -> tuple[int, int]:
-    """drafts [n], q_logits [n, V] (draft), p_logits [n+1, V] (target) -> (accepted a, bonus token)."""
+                 generator, draft_temperature: float | None = None) -> tuple[int, int]:
+    """drafts [n], q_logits [n, V] (draft), p_logits [n+1, V] (target) -> (accepted a, bonus token).
+    draft_temperature: what the drafts were sampled at (default: the target's temperature; 0: greedy drafts,
+    a point-mass q)."""
     n = drafts.shape[0]
     if temperature < GREEDY_TEMPERATURE:
         ok = drafts == p_logits[:n].argmax(-1)
         a = int(ok.long().cumprod(0).sum())
         return a, int(p_logits[a].argmax(-1))
     p = torch.softmax(p_logits.float() / temperature, dim=-1)
-    q = torch.softmax(q_logits.float() / temperature, dim=-1)
+    draft_t = temperature if draft_temperature is None else draft_temperature
+    if draft_t < GREEDY_TEMPERATURE:
+        q = torch.zeros_like(p[:n]).scatter_(1, drafts.view(-1, 1), 1.0)
+    else:
+        q = torch.softmax(q_logits.float() / draft_t, dim=-1)
     rows = torch.arange(n, device=drafts.device)
     ratio = p[rows, drafts] / q[rows, drafts].clamp_min(1e-8)
     u = torch.rand(n, generator=generator, device=generator.device if generator is not None else None)
@@ -70,7 +76,7 @@ def verify_block(drafts: torch.Tensor, q_logits: torch.Tensor, p_logits: torch.T
 @torch.no_grad()
 def speculative_generate(target: HFTarget, drafter, prompt_ids: list[int], max_new_tokens: int,
                          temperature: float = 0.0, generator: torch.Generator | None = None,
-                         stop_ids: list[int] | tuple = ()) -> Generation:
+                         stop_ids: list[int] | tuple = (), draft_temperature: float | None = None) -> Generation:
     dev = target.device
     stop = set(stop_ids)
     P = len(prompt_ids)
@@ -82,7 +88,7 @@ def speculative_generate(target: HFTarget, drafter, prompt_ids: list[int], max_n
     ck, cv = drafter.context_kv(drafter.project_context(feats[0]), torch.arange(P, device=dev))
     ck, cv = ck[:, None], cv[:, None]
     start = P  # absolute position of the anchor (last committed token, not yet seen by the target)
-    temp = torch.tensor([float(temperature)], device=dev)
+    temp = torch.tensor([float(temperature if draft_temperature is None else draft_temperature)], device=dev)
     while len(out.tokens) < max_new_tokens:
         anchor = out.tokens[-1]
         prop = drafter.propose(torch.tensor([anchor], device=dev), torch.tensor([start], device=dev), ck, cv,
@@ -93,7 +99,7 @@ def speculative_generate(target: HFTarget, drafter, prompt_ids: list[int], max_n
         last, feats = target.forward(verify_ids, torch.arange(start, start + n + 1, device=dev)[None], cache)
         vocab = getattr(prop, "vocab", None)  # reduced draft vocabulary: q is zero outside it
         q_logits = prop.logits[0] if vocab is None else prop.dense_logits(drafter.config.vocab_size)[0]
-        a, bonus = verify_block(drafts, q_logits, target.logits(last[0]), temperature, generator)
+        a, bonus = verify_block(drafts, q_logits, target.logits(last[0]), temperature, generator, draft_temperature)
         accepted = drafts[:a].tolist()
         hit = [i for i, t in enumerate(accepted) if t in stop]
         if hit:  # a stop token among the accepted drafts ends the generation; no bonus

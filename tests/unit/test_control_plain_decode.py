@@ -49,3 +49,11 @@ def test_measured_verify_bias_flips_a_marginal_plan():
     assert torch.equal(gate.choose(lengths, conf, cost, 0), torch.zeros(2, dtype=torch.long))
     gate.observe_verify(measured_s=5.0, predicted_verify_s=0.020)  # a hiccup (ratio 250) is ignored
     assert abs(gate.kappa - 2.0) < 1e-3
+
+
+def test_kappa_learns_verify_steps_several_times_the_profile():
+    """A sampled batch's verify step measured 3x the start-up profile is the engine, not a hiccup: kappa follows."""
+    gate = PlainDecodeGate()
+    for _ in range(60):
+        gate.observe_verify(measured_s=0.060, predicted_verify_s=0.020)
+    assert abs(gate.kappa - 3.0) < 1e-3

@@ -145,6 +145,25 @@ def test_rejection_sampling_emits_the_target_distribution():
     assert torch.allclose(counts / n, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.04)
 
 
+def test_greedy_drafts_under_a_sampled_target_emit_the_target_distribution():
+    """--draft-temperature 0: the draft is the drafter's argmax (a point mass), verified against p at T = 1."""
+    p_logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]]))
+    q_logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+    g = torch.Generator().manual_seed(1)
+    counts = torch.zeros(4)
+    n = 3000
+    for _ in range(n):
+        a, bonus = verify_block(torch.tensor([3]), q_logits, p_logits, 1.0, g, draft_temperature=0.0)
+        counts[3 if a == 1 else bonus] += 1
+    assert torch.allclose(counts / n, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)
+    # treating the point mass as the sampled q (the default) would accept token 3 with p/q = 0.125 only
+    wrong = torch.zeros(4)
+    for _ in range(n):
+        a, bonus = verify_block(torch.tensor([3]), q_logits, p_logits, 1.0, g)
+        wrong[3 if a == 1 else bonus] += 1
+    assert abs(float(wrong[3]) / n - 0.05) > 0.03 or abs(float(wrong[0]) / n - 0.5) > 0.03
+
+
 def test_sampled_speculative_decoding_runs(setup):
     _, model, tok, drafter = setup
     target = HFTarget("", [0, 1], model=model)

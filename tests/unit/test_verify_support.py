@@ -151,10 +151,10 @@ def test_packed_rule_with_wrong_draft_probabilities_fails():
 
 
 def test_sample_rows_follows_the_weights_and_never_picks_zeros():
-    from sglang_dspark.verify.support import sample_rows
+    from sglang_dspark.sampling import sample_rows
 
     w = torch.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, 0.0, 0.0, 2.0]])
-    picks = torch.cat([sample_rows(w, torch.Generator().manual_seed(s)) for s in range(4000)], 1)
+    picks = torch.stack([sample_rows(w, torch.Generator().manual_seed(s)) for s in range(4000)], 1)
     counts0 = torch.bincount(picks[0], minlength=4).double()
     counts1 = torch.bincount(picks[1], minlength=4).double()
     assert counts0[0] == 0 and counts0[3] == 0 and counts1[1] == 0 and counts1[2] == 0
