@@ -183,6 +183,7 @@ def fit_sts_from_rounds(rounds: list[Round], B: int, args, regime: str) -> dict:
             "labels": f"free-running speculative decoding (batch 1, full block verified every round, "
                       f"{args.max_new_tokens} new tokens per prompt)",
             "acceptance": "greedy" if regime == "greedy" else f"rejection-sampling T={args.temperature}",
+            **({} if args.draft_temperature is None else {"draft_temperature": args.draft_temperature}),
             "prompts": [dataset_name(p) for p in args.dataset or default_datasets()], "limit": args.limit,
             "heldout_tau": 1.0 + float(acc[full].float().mean()) if bool(full.any()) else None,
             "form": args.sts_form,

@@ -31,6 +31,10 @@ class DSparkOptions:
     draft_dtype: str | None = None  # None: same as the target
     chain_verify_attention: bool = True  # torch_native: verify attends only the chain's rows (verify_attention.py)
     full_draft_vocab: bool = False  # ignore draft_vocab.safetensors next to the drafter (A/B measurements)
+    # Temperature drafts are sampled at for requests at T > 0 (capped at the request's own); None: the request's.
+    # 0 (greedy drafts) is the default: verification stays exact for any draft distribution, and this drafter's
+    # greedy drafts are accepted far more often at T = 1 than its T = 1 samples (BENCHMARKS.md, "Draft temperature").
+    draft_temperature: float | None = 0.0
 
     @classmethod
     def current(cls) -> "DSparkOptions":
@@ -79,8 +83,24 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                    help="Run verify forwards through SGLang's own torch_native EXTEND attention (A/B measurements).")
     g.add_argument("--dspark-full-draft-vocab", action="store_true",
                    help="Draft over the full vocabulary even when the drafter ships draft_vocab.safetensors.")
+    g.add_argument("--dspark-draft-temperature", type=_draft_temperature, default=d.draft_temperature,
+                   help="Temperature drafts are sampled at for requests at T > 0, capped at the request's own: a "
+                        "number >= 0 (0 = the drafter's argmax, the default) or 'request' (the request's temperature). "
+                        "Lossless either way; it only changes how often drafts are accepted.")
     g.add_argument("--dspark-record-verify-lens", action="store_true",
                    help="Return the per-step verify lengths of each request in meta_info.")
+
+
+def _draft_temperature(value: str) -> float | None:
+    if value == "request":
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'request', got {value!r}") from None
+    if not t >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"draft temperature must be >= 0, got {value!r}")
+    return t
 
 
 def options_from_namespace(ns: argparse.Namespace) -> DSparkOptions:

@@ -228,7 +228,9 @@ class DSparkExtWorker(BaseSpecWorker):
         si = batch.sampling_info
         greedy = (si.top_ks.view(-1) == 1).to(self.device)
         temps = si.temperatures.view(-1).to(self.device)
-        draft_temps = torch.where(greedy, torch.zeros_like(temps), temps)
+        capped = temps if self.options.draft_temperature is None else temps.clamp(max=self.options.draft_temperature)
+        draft_temps = torch.where(greedy, torch.zeros_like(temps), capped)
+        sampled = ~greedy  # the target samples: STS has a separate set for this acceptance rule
         stats = StepStats(bs)
 
         fallback = None
@@ -254,7 +256,7 @@ class DSparkExtWorker(BaseSpecWorker):
 
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
-            conf = self.calibration.calibrate(conf_logits, sampled=draft_temps > 0)
+            conf = self.calibration.calibrate(conf_logits, sampled=sampled)
             plain_s = (self.plain_gate.plain_step_s(bs, self.cost_model, int(committed.sum()))
                        if self.plain_gate is not None and not self.costs.profiling else None)
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
@@ -334,7 +336,7 @@ class DSparkExtWorker(BaseSpecWorker):
         if self.metrics is not None:  # before policy.observe: the cost model predicts this step unrefined
             self._observe_metrics(stats, committed, None if fallback else conf)
         if fallback is None:
-            self.calibration.record(conf_logits.cpu(), verify_lens, accept_lens, sampled=draft_temps > 0)
+            self.calibration.record(conf_logits.cpu(), verify_lens, accept_lens, sampled=sampled.cpu())
             self.calibration.maybe_refit()
             self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
                                             step_time_s=stats.verify_s, kv_lens=committed))

@@ -77,5 +77,21 @@ def test_help_lists_sglang_and_dspark_flags():
                        text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     for flag in ("--model-path", "--speculative-draft-model-path", "--dspark-controller", "--dspark-gamma",
-                 "--dspark-sts-path", "--no-dspark"):
+                 "--dspark-sts-path", "--dspark-draft-temperature", "--no-dspark"):
         assert flag in r.stdout, flag
+
+
+def test_draft_temperature_flag_parses_numbers_and_request_and_rejects_the_rest():
+    import argparse
+
+    from sglang_dspark.sglang_plugin.options import DSparkOptions, add_dspark_args, options_from_namespace
+
+    parser = argparse.ArgumentParser()
+    add_dspark_args(parser)
+    assert options_from_namespace(parser.parse_args([])).draft_temperature == DSparkOptions().draft_temperature == 0
+    assert options_from_namespace(parser.parse_args(["--dspark-draft-temperature", "0.5"])).draft_temperature == 0.5
+    assert options_from_namespace(parser.parse_args(["--dspark-draft-temperature", "request"])).draft_temperature \
+        is None
+    for bad in ("-1", "hot", "nan"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--dspark-draft-temperature", bad])
