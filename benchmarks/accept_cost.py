@@ -7,21 +7,24 @@ batch 1 / 4 / 16 with 1 verified draft in the batch or 1 per request, for three 
 recommended chat settings (temperature 0.7, top-k 20, top-p 0.8), top-p 0.95 without top-k, and plain T = 1 (nothing
 cut: what a T = 1 request to the embedded model gets, its generation_config sets no top-k / top-p). Logits are random with a few peaked tokens per row, like an LM's. Both rules get the same
 uniforms and are checked to accept the same drafts before timing.
+
+Second table: the drafter's T > 0 sampling, gamma positions of R rows over its 32,768-token vocabulary, with
+torch.multinomial vs sglang_dspark/sampling.py's inverse-CDF sample_rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sglang_dspark.bench.draft_cost import median_time  # noqa: E402
+from sglang_dspark.sampling import sample_rows  # noqa: E402
 from sglang_dspark.verify import accept_rejection  # noqa: E402
 from sglang_dspark.verify.support import DraftDistribution, accept_rejection_packed, target_support  # noqa: E402
 from sglang_dspark.verify.target_dist import target_probs  # noqa: E402
@@ -68,16 +71,6 @@ def packed_rule(lens, logits, vocab, draft_logits, drafts, u, temp, top_k, top_p
     return accept_rejection_packed(drafts, lens, support, draft, uniforms=u)
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -94,8 +87,8 @@ def main() -> None:
         b = packed_rule(*inputs, temp, top_k, top_p)
         if not torch.equal(a.accept_lens, b.accept_lens):
             raise SystemExit(f"accept decisions differ in case {name} batch {batch}")
-        dense_ms = median_ms(lambda: dense_rule(*inputs, temp, top_k, top_p), args.repeats)
-        packed_ms = median_ms(lambda: packed_rule(*inputs, temp, top_k, top_p), args.repeats)
+        dense_ms = 1e3 * median_time(lambda: dense_rule(*inputs, temp, top_k, top_p), args.repeats)
+        packed_ms = 1e3 * median_time(lambda: packed_rule(*inputs, temp, top_k, top_p), args.repeats)
         rows.append(dict(sampling=name, batch=batch, verified_drafts=int(inputs[0].sum()), dense_ms=round(dense_ms, 2),
                          packed_ms=round(packed_ms, 2), speedup=round(dense_ms / packed_ms, 1)))
     print("| sampling | batch | verified drafts | dense rule (ms) | packed rule (ms) | speedup |")
@@ -103,8 +96,18 @@ def main() -> None:
     for r in rows:
         print(f"| {r['sampling']} | {r['batch']} | {r['verified_drafts']} | {r['dense_ms']} | {r['packed_ms']} | "
               f"{r['speedup']}x |")
+    sampling = []
+    for batch in (1, 4, 16):
+        probs = torch.softmax(torch.randn(batch, VD, generator=torch.Generator().manual_seed(batch)) * 2, -1)
+        multinomial_ms = 1e3 * median_time(lambda: [torch.multinomial(probs, 1) for _ in range(GAMMA)], args.repeats)
+        cdf_ms = 1e3 * median_time(lambda: [sample_rows(probs) for _ in range(GAMMA)], args.repeats)
+        sampling.append(dict(batch=batch, multinomial_ms=round(multinomial_ms, 2), inverse_cdf_ms=round(cdf_ms, 2)))
+    print("\n| draft sampling, batch | torch.multinomial x gamma (ms) | inverse CDF x gamma (ms) |")
+    print("|---|---|---|")
+    for r in sampling:
+        print(f"| {r['batch']} | {r['multinomial_ms']} | {r['inverse_cdf_ms']} |")
     Path(args.out).write_text(json.dumps({"threads": args.threads, "V": V, "draft_vocab": VD, "gamma": GAMMA,
-                                          "rows": rows}, indent=2))
+                                          "rows": rows, "draft_sampling": sampling}, indent=2))
 
 
 if __name__ == "__main__":

@@ -19,10 +19,11 @@ mkdir -p "$SHIP"
 cp "$DSPARK/config.json" "$DSPARK/model.safetensors" "$DSPARK/draft_vocab.safetensors" "$SHIP/"
 rm -f "$SHIP/sts.json"
 TR=../shared/data/train
+# the sampled set is fitted the way the server drafts at T > 0: greedy drafts (--dspark-draft-temperature 0)
 for T in 0 1; do
   $PY -m sglang_dspark.eval_acceptance --drafter "$SHIP" --dataset $TR/livecodebench.jsonl \
       --dataset $TR/arena-hard-v2.jsonl --dataset $TR/lbpp.jsonl --limit 16 --max-new-tokens 64 \
-      --exclude-prompts runs/data/generated.jsonl --temperature $T --fit-sts "$SHIP/sts.json" \
+      --exclude-prompts runs/data/generated.jsonl --temperature $T --draft-temperature 0 --fit-sts "$SHIP/sts.json" \
       --json runs/sts_fit_T$T.json
 done
 # like-for-like ablation: the DFlash drafter proposes from the same reduced vocabulary
@@ -35,3 +36,6 @@ for T in 0 1; do
       --max-new-tokens $TOKENS --temperature $T --json $RES/acceptance_dflash_T$T.json --plots $RES/plots_dflash_T$T &
   wait
 done
+# the served T=1 configuration (greedy drafts), with its calibration
+$PY -m sglang_dspark.eval_acceptance --target $TARGET --drafter "$SHIP" --limit $LIMIT --max-new-tokens $TOKENS \
+    --temperature 1 --draft-temperature 0 --json $RES/acceptance_dspark_T1_dt0.json --plots $RES/plots_dspark_T1_dt0

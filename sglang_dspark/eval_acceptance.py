@@ -112,6 +112,8 @@ def run(args) -> dict:
     else:
         temps, biases = drafter.sts_temperatures, drafter.sts_biases
     B = drafter.block_size
+    if regime == "sampled":
+        _warn_draft_temperature_mismatch(args.sts or os.path.join(args.drafter, "sts.json"), args.draft_temperature)
 
     exclude = set()
     for path in args.exclude_prompts:
@@ -168,6 +170,20 @@ def run(args) -> dict:
     print(f"[eval] tau={tau} by dataset {report['tau_by_dataset']} ece_raw={report['ece_raw']} "
           f"ece_sts={report['ece_sts']} auc={report['auc']}")
     return report
+
+
+def _warn_draft_temperature_mismatch(sts_path: str, draft_temperature: float | None) -> None:
+    """The sampled STS set describes acceptance of drafts drawn at one draft temperature; scoring it on drafts drawn
+    at another measures a different rule's calibration."""
+    if not os.path.exists(sts_path):
+        return
+    with open(sts_path) as f:
+        fitted = json.load(f).get("sampled", {}).get("draft_temperature")
+    if fitted != draft_temperature:
+        def say(t):
+            return "the target's temperature" if t is None else f"T={t}"
+        print(f"[eval] note: {sts_path}'s sampled STS set was fitted on drafts at {say(fitted)}; this run drafts at "
+              f"{say(draft_temperature)}, so its ece_sts is not that set's calibration")
 
 
 def fit_sts_from_rounds(rounds: list[Round], B: int, args, regime: str) -> dict:

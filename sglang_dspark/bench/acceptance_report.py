@@ -11,7 +11,12 @@ from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_secti
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", default=str(RESULTS_DIR))
-    p.add_argument("--temperatures", nargs="+", default=["0", "1"])
+    # "1_dt0": T = 1 with greedy drafts, the server's default (--dspark-draft-temperature 0)
+    p.add_argument("--temperatures", nargs="+", default=["0", "1", "1_dt0"])
+
+
+def _label(T: str) -> str:
+    return "1, greedy drafts (served)" if T == "1_dt0" else T
 
 
 def run(args: argparse.Namespace) -> None:
@@ -29,7 +34,7 @@ def run(args: argparse.Namespace) -> None:
                     r = json.load(f)
             except FileNotFoundError:
                 continue
-            row = {"drafter": name, "T": T, "tau (all)": r["tau"]}
+            row = {"drafter": name, "T": _label(T), "tau (all)": r["tau"]}
             row.update({f"tau {k}": v for k, v in r["tau_by_dataset"].items()})
             row.update({"ece_raw": r.get("ece_raw"), "ece_sts": r.get("ece_sts"), "auc": r.get("auc")})
             by_pos, floors = r.get("ece_sts_by_position"), r.get("ece_sts_floor_by_position")
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> None:
             if (name, T) in curves:
                 c = [float("nan") if x is None else x for x in curves[(name, T)]]  # never-reached positions
                 ax.plot(range(1, len(c) + 1), c, style, label=name)
-        ax.set_title(f"conditional acceptance by position, T={T}")
+        ax.set_title(f"conditional acceptance by position, T={_label(T)}", fontsize=9)
         ax.set_xlabel("draft position")
         ax.set_ylim(0, 1)
         ax.legend()

@@ -24,7 +24,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="draft_cost.json")
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """Median wall seconds of fn() over `repeats` calls, after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
@@ -71,10 +72,10 @@ def run(args: argparse.Namespace) -> list[dict]:
         def draft_step():
             drafter.propose(anchor, pos, k, v, valid, temps)
 
-        t_target = _median_time(target_step, args.repeats)
+        t_target = median_time(target_step, args.repeats)
         for vocab in ([None, reduced] if reduced is not None else [None]):
             drafter.set_draft_vocab(vocab)
-            t_draft = _median_time(draft_step, args.repeats)
+            t_draft = median_time(draft_step, args.repeats)
             row = {"batch": bs, "context": C, "gamma": G,
                    "draft_vocab": cfg.vocab_size if vocab is None else int(vocab.numel()),
                    "target_forward_ms": round(1e3 * t_target, 2), "draft_pass_ms": round(1e3 * t_draft, 2),

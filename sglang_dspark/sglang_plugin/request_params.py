@@ -2,6 +2,8 @@
 
   custom_params = {"dspark_min_user_tps": 12.0}   # SLA floor for this request (tokens/s); overrides
                                                    # --dspark-min-user-tps; 0 = no floor for this request
+  custom_params = {"dspark_draft_temperature": 0.5}  # overrides --dspark-draft-temperature for this request:
+                                                   # a number >= 0, or "request" (its own temperature)
 Validated where SGLang validates sampling parameters (tokenizer process), so a bad value is an HTTP 400.
 """
 
@@ -12,6 +14,8 @@ import math
 import torch
 
 SLA_KEY = "dspark_min_user_tps"
+DRAFT_TEMPERATURE_KEY = "dspark_draft_temperature"
+REQUEST = "request"
 
 
 def _floor_of(custom_params) -> float | None:
@@ -29,8 +33,24 @@ def validate(custom_params) -> None:
         raise ValueError(f"custom_params.{SLA_KEY} must be a finite number >= 0 (tokens/s), got {value!r}")
 
 
+def _draft_temperature_of(custom_params):
+    if not isinstance(custom_params, dict) or DRAFT_TEMPERATURE_KEY not in custom_params:
+        return None
+    return custom_params[DRAFT_TEMPERATURE_KEY]
+
+
+def validate_draft_temperature(custom_params) -> None:
+    value = _draft_temperature_of(custom_params)
+    if value is None or value == REQUEST:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise ValueError(f"custom_params.{DRAFT_TEMPERATURE_KEY} must be a number >= 0 or {REQUEST!r}, got {value!r}")
+
+
 def after_sampling_params_verify(result, self, *args, **kwargs):
     validate(getattr(self, "custom_params", None))
+    validate_draft_temperature(getattr(self, "custom_params", None))
     return result
 
 
@@ -44,6 +64,16 @@ def request_floors(reqs, server_floor: float | None) -> torch.Tensor | None:
     if all(math.isnan(f) for f in floors):
         return None
     return torch.tensor(floors, dtype=torch.float64)
+
+
+def draft_temperature_caps(reqs, server_cap: float | None) -> torch.Tensor:
+    """Float64[R]: the temperature each request's drafts may be sampled at, at most (inf = its own temperature)."""
+    caps = []
+    for req in reqs:
+        own = _draft_temperature_of(getattr(getattr(req, "sampling_params", None), "custom_params", None))
+        value = server_cap if own is None else (None if own == REQUEST else float(own))
+        caps.append(math.inf if value is None else value)
+    return torch.tensor(caps, dtype=torch.float64)
 
 
 def register(HookRegistry, HookType) -> None:

@@ -33,7 +33,7 @@ from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key, verify_attention_kind
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.options import DSparkOptions
-from sglang_dspark.sglang_plugin.request_params import request_floors
+from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
 from sglang_dspark.sglang_plugin.step_profile import StepProfiler, section
@@ -228,7 +228,8 @@ class DSparkExtWorker(BaseSpecWorker):
         si = batch.sampling_info
         greedy = (si.top_ks.view(-1) == 1).to(self.device)
         temps = si.temperatures.view(-1).to(self.device)
-        capped = temps if self.options.draft_temperature is None else temps.clamp(max=self.options.draft_temperature)
+        caps = draft_temperature_caps(batch.reqs, self.options.draft_temperature).to(self.device, temps.dtype)
+        capped = torch.minimum(temps, caps)
         draft_temps = torch.where(greedy, torch.zeros_like(temps), capped)
         sampled = ~greedy  # the target samples: STS has a separate set for this acceptance rule
         stats = StepStats(bs)

@@ -237,17 +237,6 @@ def bigram_random4_server(models, log_dir):
     """Bigram target + noisy matching drafter, controller random:4 (every ragged layout), per-step verify lens
     recorded. Shared by the T=1 distribution test and the API / concurrency tests (adjacent modules)."""
     srv = Server("bigram_noisy_random4", dspark_args(models.bigram, models.noisy_drafter, "random:4",
-                                                      "--dspark-record-verify-lens",
-                                                      "--dspark-draft-temperature", "request"), None, log_dir)
-    with srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def bigram_random4_greedy_drafts_server(models, log_dir):
-    """The same server with the default draft temperature (0): at T > 0 drafts are the drafter's argmax and
-    acceptance is against point masses."""
-    srv = Server("bigram_noisy_random4_greedy_drafts", dspark_args(models.bigram, models.noisy_drafter, "random:4",
-                                                                   "--dspark-record-verify-lens"), None, log_dir)
+                                                      "--dspark-record-verify-lens"), None, log_dir)
     with srv:
         yield srv

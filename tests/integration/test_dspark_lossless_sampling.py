@@ -4,8 +4,8 @@ Target: the bigram model of conftest (every transition lands in a 12-token suppo
 3-token continuation (a, b, c) after a prompt ending in token x0 is p(a|x0) p(b|a) p(c|b), p(.|x) = softmax(
 bigram_logits[x]) in float64. Token a comes from SGLang's own prefill sampler; b and c come from DSPARK_EXT steps
 (noisy matching drafter, `random:4` controller, so each step verifies 0..4 drafts and the rejection-sampling
-residual path is hit at every depth). Run twice: drafts sampled at T=1 (`--dspark-draft-temperature request`)
-and the default greedy drafts (point-mass q).
+residual path is hit at every depth). Run twice: the default greedy drafts (point-mass q) and drafts sampled at
+T=1 (per request: custom_params dspark_draft_temperature = "request").
 
 Statistic: chi-square over the cells of S^3 with expected count >= 5, every other sequence pooled into one cell
 (p > 0.01 required), and total variation distance between the empirical and exact laws over the same cells, below
@@ -97,9 +97,9 @@ def laws(models):
     return build_laws(models)
 
 
-def _server_samples(server, laws):
+def _server_samples(server, laws, custom_params=None):
     sampling = {"max_new_tokens": 3, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                "ignore_eos": True}
+                "ignore_eos": True, **({"custom_params": custom_params} if custom_params else {})}
     sizes = [CALL_SIZE] * (NUM_SAMPLES // CALL_SIZE) + ([NUM_SAMPLES % CALL_SIZE] if NUM_SAMPLES % CALL_SIZE else [])
     with ThreadPoolExecutor(2) as pool:  # two calls in flight: the next batch prefills while one decodes
         outs = [o for part in pool.map(lambda k: generate(server, [PROMPT] * k, sampling), sizes)
@@ -115,13 +115,12 @@ def _server_samples(server, laws):
     return cells, recs
 
 
-@pytest.mark.parametrize("drafts", ["sampled", "greedy"])
-def test_samples_follow_the_exact_target_law(drafts, laws, request):
-    """drafts: sampled at the request's temperature (--dspark-draft-temperature request: q is the drafter's full
-    distribution) or the default greedy drafts (q is a point mass)."""
-    server = request.getfixturevalue("bigram_random4_server" if drafts == "sampled"
-                                     else "bigram_random4_greedy_drafts_server")
-    cells, recs = _server_samples(server, laws)
+@pytest.mark.parametrize("drafts", ["greedy", "sampled"])
+def test_samples_follow_the_exact_target_law(drafts, laws, bigram_random4_server):
+    """drafts: the server's default greedy drafts (q is a point mass), or sampled at the request's temperature
+    (custom_params dspark_draft_temperature = "request": q is the drafter's full distribution)."""
+    custom = {"dspark_draft_temperature": "request"} if drafts == "sampled" else None
+    cells, recs = _server_samples(bigram_random4_server, laws, custom)
     res = check(laws["target"], cells)
     verified = sum(r["verified"] for r in recs)
     accepted = sum(r["accepted"] for r in recs)

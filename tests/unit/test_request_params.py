@@ -29,3 +29,20 @@ def test_request_floor_overrides_server_floor_and_zero_means_none():
     assert request_floors([_req(), _req({"x": 1})], server_floor=None) is None
     only = request_floors([_req(), _req({SLA_KEY: 8})], server_floor=None)
     assert math.isnan(only[0]) and only[1] == 8.0
+
+
+@pytest.mark.parametrize("bad", [-0.5, "hot", float("nan"), float("inf"), True, [0]])
+def test_bad_draft_temperature_is_rejected_with_the_key_named(bad):
+    from sglang_dspark.sglang_plugin.request_params import DRAFT_TEMPERATURE_KEY, validate_draft_temperature
+
+    with pytest.raises(ValueError, match=DRAFT_TEMPERATURE_KEY):
+        validate_draft_temperature({DRAFT_TEMPERATURE_KEY: bad})
+
+
+def test_draft_temperature_caps_request_overrides_server_default():
+    from sglang_dspark.sglang_plugin.request_params import DRAFT_TEMPERATURE_KEY, draft_temperature_caps
+
+    key = DRAFT_TEMPERATURE_KEY
+    reqs = [_req(), _req({key: 0.5}), _req({key: "request"}), _req({key: 0})]
+    assert draft_temperature_caps(reqs, 0.0).tolist() == [0.0, 0.5, math.inf, 0.0]
+    assert draft_temperature_caps(reqs, None).tolist() == [math.inf, 0.5, math.inf, 0.0]
