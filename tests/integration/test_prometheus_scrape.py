@@ -268,6 +268,15 @@ def test_sla_floor_from_the_request_is_counted_and_bad_values_are_400(run, serve
     assert "dspark_min_user_tps" in err.value.read().decode()
 
 
+@pytest.mark.parametrize("bad", [-1, "hot"])
+def test_bad_draft_temperature_from_the_request_is_400(server, bad):
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 2, "custom_params": {"dspark_draft_temperature": bad}}}
+    with pytest.raises(urllib.error.HTTPError) as err:
+        http_json(f"{server.base_url}/generate", body)
+    assert err.value.code == 400
+    assert "dspark_draft_temperature" in err.value.read().decode()
+
+
 def test_metrics_carry_no_prompt_or_completion_text(run):
     text = run["metrics_final"]
     assert MARKER not in text
