@@ -2,7 +2,8 @@
 
 torch.multinomial draws one sample per row at ~3 ms per 32k-wide row on this CPU (92 ms for the drafter's 7
 positions x 16 requests over its 32,768-token vocabulary; ~50 ms for 16 rows of the target's 151,936). A float64
-cumsum plus one searchsorted per row does the same draw in ~1/8 of that time.
+cumsum plus one searchsorted per row does the same draw far faster (benchmarks/accept_cost.py: 81 -> 3 ms for 7
+positions x 16 rows of 32,768 ids, 2 threads).
 """
 
 import torch

@@ -307,7 +307,7 @@ class DSparkExtWorker(BaseSpecWorker):
             scaling=None if si.acc_scaling_penalties is None else si.acc_scaling_penalties[rows],
         )
         with section("dspark.accept", prof):
-            accept = self._accept(processed, rows, verify_lens, drafts, draft_dist, si, bs)
+            accept = self._accept(processed, rows, verify_lens, drafts, draft_dist, si)
         with section("dspark.context_write", prof):
             self.context_pool.write(slots, positions, self._features(out))
         if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
@@ -432,7 +432,7 @@ class DSparkExtWorker(BaseSpecWorker):
                 verify_lens[blocked] = 0
         return verify_lens
 
-    def _accept(self, processed, rows, verify_lens, drafts, draft_dist, si, bs):
+    def _accept(self, processed, rows, verify_lens, drafts, draft_dist, si):
         """processed: target logits of the packed verify rows; draft_dist: None (greedy drafts only) or the
         DraftDistribution of the sampled drafts (_draft)."""
         if bool((si.top_ks.view(-1) == 1).all()):

@@ -1,14 +1,14 @@
 """Rejection sampling over packed verify rows, touching only the target's support.
 
 The dense rule (rejection.py) needs p as [R, G+1, V] and q as [R, G, V]. With the embedded model's vocabulary
-(V = 151,936) at 16 requests that is ~150 MB to build, zero and scan per step, and the full-vocabulary sort that
-top-p needs costs another ~9 ms per verify row on this CPU: measured 330 ms of acceptance work at R = 16 with one
-verified draft, against ~460 ms for the whole T = 0 verify step (BENCHMARKS.md, "T > 0 verification").
+(V = 151,936) at 16 requests that is ~150 MB to build, zero and scan per step, plus a full-vocabulary sort for
+top-p: ~330 ms of acceptance work at R = 16, against ~460 ms for a whole T = 0 verify step (BENCHMARKS.md, "T > 0
+speculation, sixth session").
 
 Both distributions are sparse where it matters:
-  * p after top-k / top-p / min-p lives on a few tokens (the model's defaults keep at most 20), found with
-    topk(K) + one logsumexp instead of a sort. The result is exact: the rows are checked to have no surviving
-    token past rank K, and fall back to a wider K otherwise.
+  * p after top-k / top-p / min-p usually lives on a few tokens, found with topk(K) + one logsumexp instead of a
+    sort. The result is exact: the rows are checked to have no surviving token past rank K, and are redone with a
+    full sort otherwise. When nothing is cut at all, p is the plain softmax and nothing is ranked.
   * the accept test needs q only at the draft token, and the residual max(p - q, 0) is zero outside p's support,
     so q is evaluated only at p's support of each rejecting request's stop row, in the drafter's own (possibly
     reduced) vocabulary.
@@ -62,20 +62,25 @@ def target_support(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         ids = torch.arange(V, device=logits.device).expand(N, V)
         return SupportDist(ids=ids, probs=torch.exp(scaled - lse), full_vocab=True)
     K = max(1, min(V, int(top_k.max()) if N else 1, first_k))
-    while True:
-        vals, ids = scaled.sort(dim=-1, descending=True) if K == V else torch.topk(scaled, K, dim=-1, sorted=True)
-        p = torch.exp(vals - lse)
-        mass_before = p.cumsum(-1) - p
-        rank = torch.arange(K, device=logits.device).view(1, -1)
-        keep = (rank < top_k.view(-1, 1)) & (mass_before <= top_p)
-        if min_p is not None:
-            keep &= p >= p[:, :1] * min_p.view(-1, 1).float()
-        keep[:, 0] = True
-        if K == V or _no_survivor_past(K, p, top_k, top_p, min_p):
-            break
-        K = V  # a wider topk costs nearly a sort on the flat rows that get here
+    ids, p, keep = _ranked_and_kept(scaled, lse, K, top_k, top_p, min_p)
+    if K < V and not _no_survivor_past(K, p, top_k, top_p, min_p):
+        ids, p, keep = _ranked_and_kept(scaled, lse, V, top_k, top_p, min_p)  # a wider topk costs nearly a sort
     probs = torch.where(keep, p, torch.zeros_like(p))
     return SupportDist(ids=ids, probs=probs / probs.sum(-1, keepdim=True))
+
+
+def _ranked_and_kept(scaled, lse, K: int, top_k, top_p, min_p):
+    """The K most likely tokens of each row (ids, probabilities, descending) and which of them survive the cuts."""
+    V = scaled.shape[-1]
+    vals, ids = scaled.sort(dim=-1, descending=True) if K == V else torch.topk(scaled, K, dim=-1, sorted=True)
+    p = torch.exp(vals - lse)
+    mass_before = p.cumsum(-1) - p
+    rank = torch.arange(K, device=scaled.device).view(1, -1)
+    keep = (rank < top_k.view(-1, 1)) & (mass_before <= top_p)
+    if min_p is not None:
+        keep &= p >= p[:, :1] * min_p.view(-1, 1).float()
+    keep[:, 0] = True
+    return ids, p, keep
 
 
 def _no_survivor_past(K: int, p: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
