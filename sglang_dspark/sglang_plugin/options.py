@@ -92,14 +92,16 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _draft_temperature(value: str) -> float | None:
-    if value == "request":
+    """The flag takes what custom_params.dspark_draft_temperature takes (one validator for both)."""
+    from sglang_dspark.sglang_plugin.request_params import DRAFT_TEMPERATURE_KEY, REQUEST, validate_draft_temperature
+
+    if value == REQUEST:
         return None
     try:
         t = float(value)
+        validate_draft_temperature({DRAFT_TEMPERATURE_KEY: t})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'request', got {value!r}") from None
-    if not t >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"draft temperature must be >= 0, got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 or {REQUEST!r}, got {value!r}") from None
     return t
 
 

@@ -4,6 +4,8 @@
                                                    # --dspark-min-user-tps; 0 = no floor for this request
   custom_params = {"dspark_draft_temperature": 0.5}  # overrides --dspark-draft-temperature for this request:
                                                    # a number >= 0, or "request" (its own temperature)
+  custom_params = {"dspark_max_verify": 0}         # at most this many drafts verified per step for this request;
+                                                   # 0 = no speculation for it (it is not drafted for either)
 Validated where SGLang validates sampling parameters (tokenizer process), so a bad value is an HTTP 400.
 """
 
@@ -15,7 +17,12 @@ import torch
 
 SLA_KEY = "dspark_min_user_tps"
 DRAFT_TEMPERATURE_KEY = "dspark_draft_temperature"
+MAX_VERIFY_KEY = "dspark_max_verify"
 REQUEST = "request"
+
+
+def _nonnegative_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _floor_of(custom_params) -> float | None:
@@ -28,8 +35,7 @@ def validate(custom_params) -> None:
     value = _floor_of(custom_params)
     if value is None:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    if not ok:
+    if not _nonnegative_number(value):
         raise ValueError(f"custom_params.{SLA_KEY} must be a finite number >= 0 (tokens/s), got {value!r}")
 
 
@@ -43,15 +49,38 @@ def validate_draft_temperature(custom_params) -> None:
     value = _draft_temperature_of(custom_params)
     if value is None or value == REQUEST:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    if not ok:
+    if not _nonnegative_number(value):
         raise ValueError(f"custom_params.{DRAFT_TEMPERATURE_KEY} must be a number >= 0 or {REQUEST!r}, got {value!r}")
 
 
+def _max_verify_of(custom_params):
+    if not isinstance(custom_params, dict) or MAX_VERIFY_KEY not in custom_params:
+        return None
+    return custom_params[MAX_VERIFY_KEY]
+
+
+def validate_max_verify(custom_params) -> None:
+    value = _max_verify_of(custom_params)
+    if value is None:
+        return
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        raise ValueError(f"custom_params.{MAX_VERIFY_KEY} must be an integer >= 0, got {value!r}")
+
+
 def after_sampling_params_verify(result, self, *args, **kwargs):
-    validate(getattr(self, "custom_params", None))
-    validate_draft_temperature(getattr(self, "custom_params", None))
+    custom = getattr(self, "custom_params", None)
+    validate(custom)
+    validate_draft_temperature(custom)
+    validate_max_verify(custom)
     return result
+
+
+def verify_caps(reqs) -> torch.Tensor | None:
+    """Long[R] per-request caps on the verify length (-1 = none), or None when no request sets one."""
+    caps = [_max_verify_of(getattr(getattr(req, "sampling_params", None), "custom_params", None)) for req in reqs]
+    if all(c is None for c in caps):
+        return None
+    return torch.tensor([-1 if c is None else int(c) for c in caps], dtype=torch.int64)
 
 
 def request_floors(reqs, server_floor: float | None) -> torch.Tensor | None:

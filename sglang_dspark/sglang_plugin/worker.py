@@ -33,8 +33,9 @@ from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key, verify_attention_kind
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.options import DSparkOptions
-from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors
+from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors, verify_caps
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
+from sglang_dspark.sglang_plugin.target_sampling import processed_logits, sample_plain, samples_plain_itself
 from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
 from sglang_dspark.sglang_plugin.step_profile import StepProfiler, section
 from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
@@ -48,7 +49,6 @@ try:  # kernels/ ships with this package; Triton may be missing (CPU-only instal
 except ImportError:
     _HAS_TRITON = False
 from sglang_dspark.verify.support import DraftDistribution, accept_rejection_packed, target_support
-from sglang_dspark.verify.target_dist import process_logits
 
 logger = logging.getLogger(__name__)
 
@@ -212,12 +212,17 @@ class DSparkExtWorker(BaseSpecWorker):
                 logger.info("DSPARK_EXT: verify forwards use chain-only SDPA attention (torch_native backend)")
         return backend
 
-    def _draft_active(self, state: DSparkDraftState) -> torch.Tensor:
-        """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps."""
+    def _draft_active(self, batch, state: DSparkDraftState) -> torch.Tensor:
+        """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps, and
+        those that asked for no speculation (custom_params dspark_max_verify = 0)."""
         streak = state.zero_streak
-        if not self.options.draft_skip:
-            return torch.arange(len(streak))
-        return torch.nonzero(self.probe_gate.active(streak, self.step_index)).view(-1)
+        active = torch.ones(len(streak), dtype=torch.bool)
+        if self.options.draft_skip:
+            active = self.probe_gate.active(streak, self.step_index)
+        caps = verify_caps(batch.reqs)
+        if caps is not None:
+            active &= caps != 0
+        return torch.nonzero(active).view(-1)
 
     def _decode(self, batch) -> GenerationBatchResult:
         bs = len(batch.reqs)
@@ -235,7 +240,7 @@ class DSparkExtWorker(BaseSpecWorker):
         stats = StepStats(bs)
 
         fallback = None
-        active = self._draft_active(state)
+        active = self._draft_active(batch, state)
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
@@ -301,11 +306,7 @@ class DSparkExtWorker(BaseSpecWorker):
         with section("dspark.verify_logits", prof):
             logits = model.logits_processor._get_logits(out.last_hidden_states, model.lm_head,
                                                         LogitsMetadata(forward_mode=ForwardMode.DECODE))
-        processed = process_logits(
-            logits,
-            additive=_rows_or_none(si.acc_additive_penalties, rows, si.logit_bias),
-            scaling=None if si.acc_scaling_penalties is None else si.acc_scaling_penalties[rows],
-        )
+        processed = processed_logits(logits, si, rows)
         with section("dspark.accept", prof):
             accept = self._accept(processed, rows, verify_lens, drafts, draft_dist, si)
         with section("dspark.context_write", prof):
@@ -359,10 +360,17 @@ class DSparkExtWorker(BaseSpecWorker):
         t0 = time.perf_counter()
         bs = len(anchors)
         slots, positions = rewrite_as_plain_decode(batch, self.req_to_token_pool.req_to_token, anchors, committed)
+        own_sampling = samples_plain_itself(batch.sampling_info)
         with section("dspark.plain_forward", self.profiler is not None):
-            res = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+            # is_verify: logits only, no SGLang sampling (we draw the token below when own_sampling)
+            res = self.target_worker.forward_batch_generation(batch, is_verify=own_sampling,
+                                                              capture_hidden_mode=CaptureHiddenMode.FULL)
         self.context_pool.write(slots, positions, self._features(res.logits_output))
-        tokens = res.next_token_ids.to(torch.int64)
+        if own_sampling:
+            with section("dspark.plain_sample", self.profiler is not None):
+                tokens = sample_plain(res.logits_output.next_token_logits, batch.sampling_info)
+        else:
+            tokens = res.next_token_ids.to(torch.int64)
         if torch.device(self.device).type == "cuda":
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
@@ -422,14 +430,17 @@ class DSparkExtWorker(BaseSpecWorker):
                                   ece_per_position=self.calibration.ece().tolist(), conf=conf)
 
     def _restrict(self, batch, verify_lens: torch.Tensor) -> torch.Tensor:
-        """Requests whose next-token distribution we cannot reproduce per draft position verify nothing."""
+        """Per-request caps (custom_params dspark_max_verify). A batch holding a request whose next-token
+        distribution we do not reproduce (grammar, custom logit processor) verifies nothing: even its bonus token
+        must come from SGLang's sampler, which only the plain decode step uses."""
         si = batch.sampling_info
+        caps = verify_caps(batch.reqs)
+        if caps is not None:
+            verify_lens = torch.where(caps >= 0, torch.minimum(verify_lens, caps), verify_lens)
         if getattr(si, "grammars", None) or getattr(si, "has_custom_logit_processor", False):
-            blocked = [i for i, r in enumerate(batch.reqs)
-                       if getattr(r, "grammar", None) is not None or getattr(r, "custom_logit_processor", None)]
-            if blocked:
-                verify_lens = verify_lens.clone()
-                verify_lens[blocked] = 0
+            if any(getattr(r, "grammar", None) is not None or getattr(r, "custom_logit_processor", None)
+                   for r in batch.reqs):
+                verify_lens = torch.zeros_like(verify_lens)
         return verify_lens
 
     def _accept(self, processed, rows, verify_lens, drafts, draft_dist, si):
@@ -494,12 +505,3 @@ def _dense_index(verify_lens: torch.Tensor, gamma: int) -> torch.Tensor:
     take = col < (verify_lens.cpu() + 1).view(-1, 1)
     flat = torch.arange(verify_lens.numel() * (gamma + 1)).view(-1, gamma + 1)
     return flat[take]
-
-
-def _rows_or_none(additive, rows, bias):
-    out = None
-    if additive is not None:
-        out = additive[rows]
-    if bias is not None:
-        out = bias[rows] if out is None else out + bias[rows]
-    return out

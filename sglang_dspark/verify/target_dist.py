@@ -12,14 +12,17 @@ import torch
 
 
 def process_logits(logits: torch.Tensor, additive: torch.Tensor | None = None,
-                   scaling: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [T, V] (+ additive [T, V], repetition scaling [T, V]) -> fp32 processed logits."""
+                   scaling: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [T, V] (+ additive penalties [T, V], repetition scaling [T, V], logit_bias [T, V]) -> fp32
+    processed logits, in SGLang's order: penalties, then scaling, then the request's logit_bias."""
     out = logits.float()
     if additive is not None:
         out = out + additive.float()
     if scaling is not None:
         # Repetition penalty: divide positive logits, multiply negative ones.
         out = torch.where(out > 0, out / scaling.float(), out * scaling.float())
+    if bias is not None:
+        out = out + bias.float()
     return out
 
 

@@ -4,8 +4,9 @@ Target: the bigram model of conftest (every transition lands in a 12-token suppo
 3-token continuation (a, b, c) after a prompt ending in token x0 is p(a|x0) p(b|a) p(c|b), p(.|x) = softmax(
 bigram_logits[x]) in float64. Token a comes from SGLang's own prefill sampler; b and c come from DSPARK_EXT steps
 (noisy matching drafter, `random:4` controller, so each step verifies 0..4 drafts and the rejection-sampling
-residual path is hit at every depth). Run twice: the default greedy drafts (point-mass q) and drafts sampled at
-T=1 (per request: custom_params dspark_draft_temperature = "request").
+residual path is hit at every depth). Run three times: the default greedy drafts (point-mass q), drafts sampled at
+T=1 (per request: custom_params dspark_draft_temperature = "request"), and no speculation for the requests
+(dspark_max_verify = 0: the worker's own plain-decode sampler).
 
 Statistic: chi-square over the cells of S^3 with expected count >= 5, every other sequence pooled into one cell
 (p > 0.01 required), and total variation distance between the empirical and exact laws over the same cells, below
@@ -115,11 +116,14 @@ def _server_samples(server, laws, custom_params=None):
     return cells, recs
 
 
-@pytest.mark.parametrize("drafts", ["greedy", "sampled"])
+@pytest.mark.parametrize("drafts", ["greedy", "sampled", "none"])
 def test_samples_follow_the_exact_target_law(drafts, laws, bigram_random4_server):
-    """drafts: the server's default greedy drafts (q is a point mass), or sampled at the request's temperature
-    (custom_params dspark_draft_temperature = "request": q is the drafter's full distribution)."""
-    custom = {"dspark_draft_temperature": "request"} if drafts == "sampled" else None
+    """drafts: the server's default greedy drafts (q is a point mass), sampled at the request's temperature
+    (custom_params dspark_draft_temperature = "request": q is the drafter's full distribution), or none
+    (custom_params dspark_max_verify = 0: every step is the worker's plain decode step, whose token the worker
+    draws itself instead of SGLang's sampler)."""
+    custom = {"greedy": None, "sampled": {"dspark_draft_temperature": "request"},
+              "none": {"dspark_max_verify": 0}}[drafts]
     cells, recs = _server_samples(bigram_random4_server, laws, custom)
     res = check(laws["target"], cells)
     verified = sum(r["verified"] for r in recs)
@@ -128,8 +132,11 @@ def test_samples_follow_the_exact_target_law(drafts, laws, bigram_random4_server
     print("T=1 vs target:", res, "verified", verified, "accepted", accepted,
           "verify-len histogram", np.bincount(lens, minlength=5).tolist())
     assert res["kept_mass"] > 0.8, res  # the test really looks at the bulk of the law
-    assert 0 < accepted < verified, "rejection sampling must both accept and reject drafts here"
-    assert set(lens) == {0, 1, 2, 3, 4} or len(cells) < 1000, "random:4 should produce every verify length"
+    if drafts == "none":
+        assert verified == 0 and set(lens) <= {0}, "dspark_max_verify = 0 must keep every step plain"
+    else:
+        assert 0 < accepted < verified, "rejection sampling must both accept and reject drafts here"
+        assert set(lens) == {0, 1, 2, 3, 4} or len(cells) < 1000, "random:4 should produce every verify length"
     assert res["p"] > 0.01, f"chi-square rejects the target law: {res}"
     assert res["tv"] < res["tv_bound"], f"TV distance above the sampling bound: {res}"
 

@@ -92,6 +92,6 @@ def test_draft_temperature_flag_parses_numbers_and_request_and_rejects_the_rest(
     assert options_from_namespace(parser.parse_args(["--dspark-draft-temperature", "0.5"])).draft_temperature == 0.5
     assert options_from_namespace(parser.parse_args(["--dspark-draft-temperature", "request"])).draft_temperature \
         is None
-    for bad in ("-1", "hot", "nan"):
+    for bad in ("-1", "hot", "nan", "inf"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--dspark-draft-temperature", bad])

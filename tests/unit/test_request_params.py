@@ -46,3 +46,19 @@ def test_draft_temperature_caps_request_overrides_server_default():
     reqs = [_req(), _req({key: 0.5}), _req({key: "request"}), _req({key: 0})]
     assert draft_temperature_caps(reqs, 0.0).tolist() == [0.0, 0.5, math.inf, 0.0]
     assert draft_temperature_caps(reqs, None).tolist() == [math.inf, 0.5, math.inf, 0.0]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "two", True, float("nan"), None.__class__])
+def test_bad_max_verify_is_rejected_with_the_key_named(bad):
+    from sglang_dspark.sglang_plugin.request_params import MAX_VERIFY_KEY, validate_max_verify
+
+    with pytest.raises(ValueError, match=MAX_VERIFY_KEY):
+        validate_max_verify({MAX_VERIFY_KEY: bad})
+
+
+def test_verify_caps_per_request():
+    from sglang_dspark.sglang_plugin.request_params import MAX_VERIFY_KEY, validate_max_verify, verify_caps
+
+    validate_max_verify({MAX_VERIFY_KEY: 0})
+    assert verify_caps([_req(), _req({"x": 1})]) is None
+    assert verify_caps([_req(), _req({MAX_VERIFY_KEY: 0}), _req({MAX_VERIFY_KEY: 3})]).tolist() == [-1, 0, 3]

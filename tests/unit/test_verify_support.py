@@ -159,3 +159,35 @@ def test_sample_rows_follows_the_weights_and_never_picks_zeros():
     counts1 = torch.bincount(picks[1], minlength=4).double()
     assert counts0[0] == 0 and counts0[3] == 0 and counts1[1] == 0 and counts1[2] == 0
     assert abs(counts0[2] / 4000 - 0.75) < 0.03 and abs(counts1[0] / 4000 - 0.5) < 0.03
+
+
+def test_sample_rows_two_level_path_on_a_vocabulary_wide_row():
+    """Rows wider than 4 blocks go block first; spikes, a zeroed stretch and a one-hot row at the very end."""
+    from scipy.stats import chisquare
+
+    from sglang_dspark.sampling import BLOCK, sample_rows
+
+    K = 50 * BLOCK + 77  # not a multiple of the block: padding must never be picked
+    g = torch.Generator().manual_seed(3)
+    w = torch.rand(1, K, generator=g) ** 8
+    w[0, K // 3: K // 2] = 0.0
+    w[0, [5, 2 * BLOCK, K - 1]] = 40.0
+    one_hot = torch.zeros(1, K)
+    one_hot[0, K - 1] = 1.0
+    rows = torch.cat([w.expand(500, K), one_hot.expand(500, K)])
+    picks = torch.cat([sample_rows(rows, g).view(2, 500) for _ in range(200)], 1)  # 100k draws per row
+    assert bool((picks[1] == K - 1).all())
+    counts = torch.bincount(picks[0], minlength=K).double()
+    assert counts.numel() == K and counts[K // 3: K // 2].sum() == 0
+    p = (w[0] / w.sum()).double()
+    bins = (p.cumsum(0) * 40).long().clamp(max=39)  # 40 equal-mass bins (the spikes fall in their own)
+    obs = torch.zeros(40, dtype=torch.float64).scatter_add_(0, bins, counts)
+    exp = torch.zeros(40, dtype=torch.float64).scatter_add_(0, bins, p)
+    exp = exp / exp.sum() * obs.sum()
+    keep = exp > 0
+    assert chisquare(obs[keep].numpy(), exp[keep].numpy()).pvalue > 1e-3
+    # a sampler that ignores the within-block weights must fail the same check
+    uniform_in_block = (picks[0] // BLOCK) * BLOCK + torch.randint(BLOCK, picks[0].shape, generator=g)
+    bad = torch.bincount(uniform_in_block.clamp(max=K - 1), minlength=K).double()
+    obs_bad = torch.zeros(40, dtype=torch.float64).scatter_add_(0, bins, bad)
+    assert chisquare(obs_bad[keep].numpy(), exp[keep].numpy()).pvalue < 1e-6
