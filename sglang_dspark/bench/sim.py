@@ -49,6 +49,7 @@ from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_secti
 from sglang_dspark.control import BatchContext, EngineCostModel, PlainDecodeGate, StepOutcome, make_policy
 from sglang_dspark.control.cost_model import nonnegative_lstsq
 from sglang_dspark.control.draft_skip import BatchProbeGate
+from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 
 DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
@@ -278,17 +279,13 @@ class FullStepCost:
 
 
 # ------------------------------------------------------------------------------------------------ simulation
-def make_sim_policy(spec: str, cost: EngineCostModel, draft: DraftCost, concurrency: int, gamma: int,
-                    draft_skip: str = "probe"):
+def make_sim_policy(spec: str, cost: EngineCostModel, draft: DraftCost, concurrency: int, gamma: int):
     if spec == "none":
         return None
     if spec == "oracle":
         return make_policy(spec, FullStepCost(cost, draft(concurrency)), gamma=gamma)
     # a copy: online cost updates must not change the simulator's ground truth
-    policy = make_policy(spec, copy.deepcopy(cost), gamma=gamma)
-    if draft_skip == "probe" and hasattr(policy, "draft_cost"):  # as the worker: verifying implies drafting again
-        policy.draft_cost = draft
-    return policy
+    return make_policy(spec, copy.deepcopy(cost), gamma=gamma)
 
 
 def batch_indices(pool_size: int, concurrency: int, steps: int, seed: int) -> torch.Tensor:
@@ -301,7 +298,7 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
              gamma: int, seed: int = 0, draft_skip: str = "probe", plain_cost: EngineCostModel | None = None,
              overhead: StepOverhead | None = None) -> dict:
     """plain_cost None: every step is costed as a verify step (no fast path, no gate)."""
-    policy = make_sim_policy(spec, cost, draft, concurrency, gamma, draft_skip)
+    policy = make_sim_policy(spec, cost, draft, concurrency, gamma)
     gate = PlainDecodeGate() if plain_cost is not None and spec.split(":")[0] in GATED_POLICIES else None
     if gate is not None:  # the worker learns rho at its first plain step; the simulator knows it from the start
         k0 = int(data.kv_lens.float().mean() * concurrency)
@@ -310,6 +307,7 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
     conf_all = data.conf[:, :gamma]
     true_all = data.true_accept.clamp(max=gamma)
     streak = torch.zeros(concurrency, dtype=torch.long)  # per batch slot, as the worker's zero_streak
+    savings = torch.full((concurrency,), float("nan"), dtype=torch.float64)  # and its smoothed draft savings
     probe_gate = BatchProbeGate()
     tokens = verified = accepted_total = plain_steps = drafted_total = 0
     total_s = 0.0
@@ -336,9 +334,17 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
                 drafted = int((lengths > 0).sum())
             else:
                 drafted = int(active.sum())
-            streak = torch.where(lengths == 0, streak + 1, torch.zeros_like(streak))
+            useful = lengths > 0
+            if spec.split(":")[0] in PRICED_DRAFTING_POLICIES and drafted and int(lengths.sum()):  # as the worker
+                plain_s = gate.plain_step_s(concurrency, cost, kv_tokens) if gate is not None else None
+                plain_s = plain_s if plain_s is not None else float(cost.predict(concurrency, concurrency, kv_tokens))
+                verify_pred = (1.0 if gate is None else gate.kappa) * float(
+                    cost.predict(concurrency + int(lengths.sum()), concurrency, kv_tokens))
+                useful, savings = drafting_pays(savings, lengths, conf, active, plain_s, verify_pred,
+                                                draft(drafted) / drafted)
+            streak = torch.where(useful, torch.zeros_like(streak), streak + 1)
             if draft_skip == "probe" and spec != "oracle":
-                probe_gate.observe(step, int(active.sum()), int(lengths.sum()))
+                probe_gate.observe(step, int(active.sum()), int(useful.sum()))
         accepted = torch.minimum(truth, lengths)
         plain = plain_cost is not None and int(lengths.sum()) == 0
         if plain:

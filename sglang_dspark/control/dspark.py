@@ -30,20 +30,14 @@ def ranked_candidates(surv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def expected_throughput(sorted_surv: torch.Tensor, num_requests: int, kv_tokens: int, cost_model,
-                        opens_request: torch.Tensor | None = None, draft_cost=None,
                         plain_step_s: float | None = None, verify_scale: float = 1.0) -> torch.Tensor:
     """theta[k] for k = 0..n admitted candidates (k = 0: anchors only). Float64[n + 1].
 
-    With `draft_cost` (d0 + d1 * requests, control/draft_cost.py) and `opens_request` (Bool[n]: the ranked
-    candidate is its request's first draft), a step that verifies anything also pays d0, and each request with
-    l > 0 pays d1: the draft pass it will need again next step. With `plain_step_s`, k = 0 is a plain decode step.
-    """
+    The drafts are already paid for when this runs, so only verification is priced (whether drafting pays is
+    decided afterwards, control/draft_value.py). With `plain_step_s`, k = 0 is a plain decode step."""
     tau = num_requests + torch.cat([sorted_surv.new_zeros(1), sorted_surv.cumsum(0)]).double()
     tokens = num_requests + torch.arange(sorted_surv.numel() + 1, device=sorted_surv.device, dtype=torch.float64)
     step_s = verify_scale / cost_model.sps(tokens, num_requests, kv_tokens)
-    if draft_cost is not None and opens_request is not None and (draft_cost.d0 > 0 or draft_cost.d1 > 0):
-        opened = torch.cat([opens_request.new_zeros(1), opens_request]).double().cumsum(0)
-        step_s = step_s + draft_cost.d1 * opened + draft_cost.d0 * (opened > 0).double()
     theta = tau / step_s
     if plain_step_s is not None and plain_step_s > 0:
         theta[0] = num_requests / plain_step_s
@@ -65,18 +59,14 @@ def lengths_from_admitted(order: torch.Tensor, num_admitted: int, num_requests: 
     return torch.bincount(rows, minlength=num_requests).to(torch.long)
 
 
-def algorithm1(conf: torch.Tensor, num_requests: int, kv_tokens: int, cost_model, draft_cost=None,
+def algorithm1(conf: torch.Tensor, num_requests: int, kv_tokens: int, cost_model,
                plain_step_s: float | None = None, verify_scale: float = 1.0) -> torch.Tensor:
-    """Verify lengths Long[R] chosen by Algorithm 1 (with the lossless early break).
-
-    draft_cost: charge each verified request its next draft pass (see expected_throughput). Still lossless: which
-    candidate opens a request is its position j = 0, not a value."""
+    """Verify lengths Long[R] chosen by Algorithm 1 (with the lossless early break)."""
     num_rows, gamma = conf.shape
     if num_rows == 0 or gamma == 0:
         return torch.zeros(num_rows, dtype=torch.long, device=conf.device)
     order, ranked = ranked_candidates(survival(conf))
-    theta = expected_throughput(ranked, num_requests, kv_tokens, cost_model, order % gamma == 0, draft_cost,
-                                plain_step_s, verify_scale)
+    theta = expected_throughput(ranked, num_requests, kv_tokens, cost_model, plain_step_s, verify_scale)
     return lengths_from_admitted(order, first_non_improvement(theta, ranked), num_rows, gamma)
 
 
@@ -91,12 +81,11 @@ class DSparkPolicy(CostModelFeedback, VerifyLengthPolicy):
             raise ValueError("dspark policy needs a cost model (EngineCostModel)")
         self.cost_model = cost_model
         self.online_cost_update = online_cost_update
-        self.draft_cost = None  # DraftCostModel, set by the worker / simulator (None: drafting is free)
         self.last_unsatisfied: torch.Tensor | None = None  # Bool[R] from SLA mode, for metrics
 
     def choose(self, conf: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
         conf = conf[:, : self.gamma]
-        lengths = algorithm1(conf, conf.shape[0], ctx.kv_tokens, self.cost_model, self.draft_cost, ctx.plain_step_s,
+        lengths = algorithm1(conf, conf.shape[0], ctx.kv_tokens, self.cost_model, ctx.plain_step_s,
                              ctx.verify_scale)
         self.last_unsatisfied = None
         if ctx.min_user_tps is not None:

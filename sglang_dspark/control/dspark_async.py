@@ -49,19 +49,14 @@ class DSparkAsyncPolicy(CostModelFeedback, VerifyLengthPolicy):
         self.cost_model = cost_model
         self.online_cost_update = online_cost_update
         self.lag = lag
-        self.draft_cost = None  # DraftCostModel (see dspark.py); None: drafting is free
         self._past_sorted_survival: deque[torch.Tensor] = deque(maxlen=lag)
-        self._past_opens: deque[torch.Tensor] = deque(maxlen=lag)
         self.last_capacity: int | None = None
 
     def capacity_from(self, stale_sorted_survival: torch.Tensor, num_requests: int, kv_tokens: int,
-                      stale_opens: torch.Tensor | None = None, plain_step_s: float | None = None,
-                      verify_scale: float = 1.0) -> int:
+                      plain_step_s: float | None = None, verify_scale: float = 1.0) -> int:
         """K = argmax over every k of expected throughput, on the stale survival curve (no early break)."""
         ranked = resample_sorted(stale_sorted_survival, num_requests * self.gamma)
-        opens = None if stale_opens is None else resample_sorted(stale_opens.double(), ranked.numel()) > 0
-        theta = expected_throughput(ranked, num_requests, kv_tokens, self.cost_model, opens, self.draft_cost,
-                                    plain_step_s, verify_scale)
+        theta = expected_throughput(ranked, num_requests, kv_tokens, self.cost_model, plain_step_s, verify_scale)
         return int(theta.argmax())
 
     def choose(self, conf: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
@@ -69,15 +64,11 @@ class DSparkAsyncPolicy(CostModelFeedback, VerifyLengthPolicy):
         num_rows = conf.shape[0]
         full = len(self._past_sorted_survival) == self.lag
         stale = self._past_sorted_survival[0] if full else None
-        stale_opens = self._past_opens[0] if full else None
         ranking = ranked_candidates(survival(conf))
         self._past_sorted_survival.append(ranking[1].detach().clone())
-        self._past_opens.append(ranking[0] % max(self.gamma, 1) == 0)
         if stale is None:
-            lengths = algorithm1(conf, num_rows, ctx.kv_tokens, self.cost_model, self.draft_cost, ctx.plain_step_s,
-                                 ctx.verify_scale)
+            lengths = algorithm1(conf, num_rows, ctx.kv_tokens, self.cost_model, ctx.plain_step_s, ctx.verify_scale)
             self.last_capacity = int(lengths.sum())
             return lengths
-        self.last_capacity = self.capacity_from(stale, num_rows, ctx.kv_tokens, stale_opens, ctx.plain_step_s,
-                                                ctx.verify_scale)
+        self.last_capacity = self.capacity_from(stale, num_rows, ctx.kv_tokens, ctx.plain_step_s, ctx.verify_scale)
         return top_k_lengths(conf, self.last_capacity, ranking)

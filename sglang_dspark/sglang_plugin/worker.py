@@ -27,6 +27,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMonitor, DraftCostModel, PlainDecodeGate,
                                    StepOutcome, make_policy, survival, unmet_floors)
+from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
@@ -102,9 +103,9 @@ class DSparkExtWorker(BaseSpecWorker):
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
         self.draft_cost = DraftCostModel()
         self.probe_gate = BatchProbeGate()
-        if self.options.draft_skip and hasattr(self.policy, "draft_cost"):
-            # with draft skipping, a request verified now is drafted again next step: its draft is part of the price
-            self.policy.draft_cost = self.draft_cost
+        # dspark / dspark-async keep drafting for a request only while its verification saves more than its draft
+        # pass (control/draft_value.py); the other policies keep the plain rule "verified something" (A/B baselines)
+        self.prices_drafting = self.options.controller.split(":")[0] in PRICED_DRAFTING_POLICIES
         self.profile_policy = make_policy(f"random:{self.gamma}", None, gamma=self.gamma)
         # cost-aware controllers may also choose plain decoding for the whole batch (see GATED_POLICIES)
         gated = self.options.plain_decode_fast_path and self.options.controller.split(":")[0] in GATED_POLICIES
@@ -284,12 +285,14 @@ class DSparkExtWorker(BaseSpecWorker):
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
 
+        useful, savings = self._drafting_useful(state, verify_lens, None if fallback else conf, active,
+                                                int(committed.sum()))
         if fallback is None:
-            self.probe_gate.observe(self.step_index, len(active), int(verify_lens.sum()))
+            self.probe_gate.observe(self.step_index, len(active), int(useful.sum()))
         # (while profiling the verify cost curve, l = 0 steps are verify samples too: T = R anchors the fit)
         if fast_path and int(verify_lens.sum()) == 0:
             return self._plain_decode(batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits,
-                                      None if fallback else conf)
+                                      None if fallback else conf, (useful, savings))
 
         want_logprob = bool(batch.return_logprob)
         t0 = time.perf_counter()
@@ -349,12 +352,12 @@ class DSparkExtWorker(BaseSpecWorker):
             logits_output=logits_output,
             next_token_ids=next_tokens.flatten().to(self.device), accept_lens=commit.to(self.device),
             cap_lens=verify_lens.to(torch.int32).to(self.device), new_seq_lens=new_seq_lens.to(self.device),
-            next_draft_input=DSparkDraftState(bonus.to(self.device), state.zero_streak if fallback else
-                                             _next_streak(state.zero_streak, verify_lens)),
+            next_draft_input=_next_state(bonus.to(self.device), state, None if fallback else (useful, savings)),
             speculative_num_draft_tokens=self.stride, can_run_cuda_graph=False,
         )
 
-    def _plain_decode(self, batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits, conf):
+    def _plain_decode(self, batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits, conf,
+                      drafting=None):
         """Nothing to verify anywhere in the batch: SGLang's plain decode step, plus the drafter's context capture."""
         want_logprob = bool(batch.return_logprob)
         t0 = time.perf_counter()
@@ -402,8 +405,8 @@ class DSparkExtWorker(BaseSpecWorker):
             next_token_ids=next_tokens.flatten(), accept_lens=one,
             cap_lens=torch.zeros(bs, dtype=torch.int32, device=self.device),
             new_seq_lens=(committed + 1).to(self.device),
-            next_draft_input=DSparkDraftState(tokens.to(self.device), state.zero_streak if fallback else
-                                             _next_streak(state.zero_streak, verify_lens)),
+            next_draft_input=_next_state(tokens.to(self.device), state,
+                                         None if fallback else (drafting or (verify_lens > 0, state.savings))),
             speculative_num_draft_tokens=self.stride, can_run_cuda_graph=res.can_run_cuda_graph,
         )
 
@@ -428,6 +431,22 @@ class DSparkExtWorker(BaseSpecWorker):
         self.metrics.observe_step(stats, budget_tokens=verified, capacity_tokens=bs * self.gamma, running=bs,
                                   predicted_s=predicted, measured_s=stats.verify_s,
                                   ece_per_position=self.calibration.ece().tolist(), conf=conf)
+
+    def _drafting_useful(self, state: DSparkDraftState, verify_lens: torch.Tensor, conf, active: torch.Tensor,
+                         kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Bool[R] requests whose drafting pays, so the probe schedule drafts them again next step; their smoothed
+        savings Float64[R] for the next step's state)."""
+        lens = verify_lens.cpu()
+        if not self.prices_drafting or conf is None or len(active) == 0:
+            return lens > 0, state.savings
+        bs = lens.numel()
+        plain_s = self.plain_gate.plain_step_s(bs, self.cost_model, kv) if self.plain_gate is not None else None
+        if plain_s is None:
+            plain_s = float(self.cost_model.predict(bs, bs, kv))
+        kappa = 1.0 if self.plain_gate is None else self.plain_gate.kappa
+        verify_s = kappa * float(self.cost_model.predict(bs + int(lens.sum()), bs, kv))
+        return drafting_pays(state.savings, lens, conf.cpu().float(), _mask(active, bs), plain_s, verify_s,
+                             self.draft_cost(len(active)) / len(active))
 
     def _restrict(self, batch, verify_lens: torch.Tensor) -> torch.Tensor:
         """Per-request caps (custom_params dspark_max_verify). A batch holding a request whose next-token
@@ -483,8 +502,14 @@ def _mask(indices: torch.Tensor, n: int) -> torch.Tensor:
     return m
 
 
-def _next_streak(streak: torch.Tensor, verify_lens: torch.Tensor) -> torch.Tensor:
-    return torch.where(verify_lens.cpu() == 0, streak + 1, torch.zeros_like(streak))
+def _next_state(anchors: torch.Tensor, state: DSparkDraftState, drafting) -> DSparkDraftState:
+    """drafting: (useful Bool[R], savings Float64[R]) from _drafting_useful, or None (a drafter fallback step: the
+    probe schedule stays where it was). A useful request's probe back-off restarts."""
+    if drafting is None:
+        return DSparkDraftState(anchors, state.zero_streak, state.savings)
+    useful, savings = drafting
+    streak = torch.where(useful.cpu(), torch.zeros_like(state.zero_streak), state.zero_streak + 1)
+    return DSparkDraftState(anchors, streak, savings)
 
 
 def _create_metrics(server_args, gamma: int, controller: str) -> DSparkMetrics | None:

@@ -261,18 +261,36 @@ class _LinearCost:
         return 1.0 / (0.1 + 0.01 * tokens)
 
 
-def test_algorithm1_charges_each_verified_request_its_next_draft():
-    """Hand-computed: survivals ranked 0.9 (r0 j0), 0.81 (r0 j1), 0.3 (r1 j0), 0.15 (r1 j1).
-    Free drafts: theta = 16.67, 22.31, 26.50, 26.73, 26.00 -> stop after 3 -> [2, 1].
-    d1 = 10 ms per verified request: theta = 16.67, 20.71, 24.73, 23.59 -> stop after 2 -> [2, 0]."""
-    from sglang_dspark.control import DraftCostModel
+def test_drafting_pays_when_verification_saves_more_than_the_draft():
+    """Hand-computed: lengths [2, 1, 0], survivals r0 0.9, 0.81 (E = 1.71), r1 0.3 (E = 0.3). Plain step 0.18 s
+    for 3 requests (0.06 s a token), verify step 0.21 s: 0.03 s extra over L = 3 verified tokens.
+    saved = 1.71 * 0.06 - 0.02 = 0.0826, 0.3 * 0.06 - 0.01 = 0.008, 0 (nothing verified)."""
+    from sglang_dspark.control.draft_value import SAVINGS_RATE, drafting_pays, verification_savings
 
+    conf = torch.tensor([[0.9, 0.9], [0.3, 0.5], [0.99, 0.99]])
+    lengths = torch.tensor([2, 1, 0])
+    saved = verification_savings(lengths, conf, 0.18, 0.21)
+    assert saved.tolist() == pytest.approx([0.0826, 0.008, 0.0])
+    fresh = torch.full((3,), float("nan"), dtype=torch.float64)
+    drafted = torch.tensor([True, True, True])
+    useful, savings = drafting_pays(fresh, lengths, conf, drafted, 0.18, 0.21, 0.01)
+    assert useful.tolist() == [True, False, False] and savings.tolist() == pytest.approx([0.0826, 0.008, 0.0])
+    assert drafting_pays(fresh, lengths, conf, drafted, 0.18, 0.21, 0.005)[0].tolist() == [True, True, False]
+    # smoothing: r1 drafted with a 0.05 s history still pays after one 0.008 s step; r0 was not drafted this step
+    # (its history stays, but an undrafted request is never "paying")
+    history = torch.tensor([0.0, 0.05, 0.0], dtype=torch.float64)
+    useful, savings = drafting_pays(history, lengths, conf, torch.tensor([False, True, True]), 0.18, 0.21, 0.01)
+    assert savings.tolist() == pytest.approx([0.0, (1 - SAVINGS_RATE) * 0.05 + SAVINGS_RATE * 0.008, 0.0])
+    assert useful.tolist() == [False, True, False]
+    # a verify step cheaper than the plain step it replaces costs nothing extra (no negative share)
+    assert verification_savings(lengths, conf, 0.18, 0.15).tolist() == pytest.approx([0.1026, 0.018, 0.0])
+
+
+def test_algorithm1_prices_verification_only():
+    """Hand-computed: survivals ranked 0.9 (r0 j0), 0.81 (r0 j1), 0.3 (r1 j0), 0.15 (r1 j1), t(T) = 0.1 + 0.01 T:
+    theta = 16.67, 22.31, 26.50, 26.73, 26.00 -> stop after 3 -> [2, 1]. The drafts are sunk: no draft term."""
     conf = torch.tensor([[0.9, 0.9], [0.3, 0.5]])
     assert algorithm1(conf, 2, 0, _LinearCost()).tolist() == [2, 1]
-    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.0)).tolist() == [2, 1]
-    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01)).tolist() == [2, 0]
-    # a fixed per-pass part large enough makes drafting anything not worth it
-    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.2, 0.0)).tolist() == [0, 0]
 
 
 def test_draft_cost_model_learns_fixed_and_per_request_parts():
@@ -300,10 +318,6 @@ def test_algorithm1_compares_against_a_plain_step_when_it_is_cheaper():
     conf = torch.tensor([[0.9, 0.9], [0.3, 0.5]])
     assert algorithm1(conf, 2, 0, _LinearCost(), plain_step_s=0.15).tolist() == [2, 1]
     assert algorithm1(conf, 2, 0, _LinearCost(), plain_step_s=0.05).tolist() == [0, 0]
-    # a plain step only moves theta_0: with the draft charge, r1's first draft (theta_3 < theta_2) stays out
-    from sglang_dspark.control import DraftCostModel
-    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01)).tolist() == [2, 0]
-    assert algorithm1(conf, 2, 0, _LinearCost(), DraftCostModel(0.0, 0.01), plain_step_s=0.3).tolist() == [2, 0]
 
 
 def test_algorithm1_verify_scale_makes_verify_steps_dearer():
