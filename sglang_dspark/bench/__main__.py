@@ -1,4 +1,4 @@
-"""`python -m sglang_dspark.bench {baseline,serve,single_stream,sim,draft_cost,acceptance_report,repeats}`."""
+"""`python -m sglang_dspark.bench {baseline,serve,ab,single_stream,sim,draft_cost,acceptance_report,repeats}`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib
 SUBCOMMANDS = {
     "baseline": "sglang_dspark.bench.baseline",
     "serve": "sglang_dspark.bench.serve",
+    "ab": "sglang_dspark.bench.ab",
     "single_stream": "sglang_dspark.bench.single_stream",
     "sim": "sglang_dspark.bench.sim",
     "draft_cost": "sglang_dspark.bench.draft_cost",
