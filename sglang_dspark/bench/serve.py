@@ -30,6 +30,8 @@ from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, shown_path, 
 from sglang_dspark.bench.server import ServerProcess
 
 DEFAULT_POLICIES = "none,ngram,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async"
+# No speculation: SGLang's default (overlap scheduler), and on the synchronous scheduler speculation gets on a CPU
+PLAIN_POLICIES = ("none", "none-sync")
 ROW_COLUMNS = ["policy", "concurrency", "temperature", "aggregate_tok_s", "per_user_tok_s_median",
                "per_user_tok_s_p10", "tau", "mean_verify_len", "wasted_verify_tokens"]
 TRACE_ENV = "SGLANG_DSPARK_TRACE_PATH"
@@ -44,7 +46,8 @@ RUN_SETTINGS = ("max_tokens", "model", "drafter", "prompts")
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help=f"comma list of none, ngram, fixed:G, threshold:C, sps-topk, dspark, dspark-async "
+                   help=f"comma list of none, none-sync (no overlap scheduler), ngram, fixed:G, threshold:C, sps-topk, "
+                        f"dspark, dspark-async "
                         f"(default: {DEFAULT_POLICIES})")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -128,7 +131,7 @@ def load_prompt_list(path: str | None, needed: int) -> list[tuple[str, str]]:
 
 
 def is_dspark_policy(policy: str) -> bool:
-    return policy not in ("none", "ngram")
+    return policy not in PLAIN_POLICIES + ("ngram",)
 
 
 def server_flags(policy: str, args: argparse.Namespace) -> list[str]:
@@ -136,6 +139,8 @@ def server_flags(policy: str, args: argparse.Namespace) -> list[str]:
     common = (["--model-path", args.model] if args.model else []) + shlex.split(args.server_args)
     if policy == "none":
         return ["--no-dspark", *common]
+    if policy == "none-sync":  # SGLang without speculation on the scheduler every speculative server runs on
+        return ["--no-dspark", "--disable-overlap-schedule", *common]
     if policy == "ngram":
         # not --no-dspark: the launcher refuses it together with --speculative-algorithm. An explicit algorithm
         # already stops it from adding DSPARK_EXT. intel_amx: NGRAM's tree verify needs it (the CPU patch keeps it).
@@ -248,7 +253,7 @@ def measure_level(url: str, prompts: list[tuple[str, str]], policy: str, concurr
             level_file.parent.mkdir(parents=True, exist_ok=True)
             level_file.write_text("\n".join(lines) + "\n")
             row["trace"] = str(level_file)
-    if policy == "none":  # plain decoding: one token per target forward, nothing verified
+    if policy in PLAIN_POLICIES:  # plain decoding: one token per target forward, nothing verified
         row.update(tau=1.0, mean_verify_len=0.0, wasted_verify_tokens=0, stats_source="none")
     for col in ROW_COLUMNS:
         row.setdefault(col, None)
