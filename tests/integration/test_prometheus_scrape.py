@@ -268,13 +268,14 @@ def test_sla_floor_from_the_request_is_counted_and_bad_values_are_400(run, serve
     assert "dspark_min_user_tps" in err.value.read().decode()
 
 
-@pytest.mark.parametrize("bad", [-1, "hot"])
-def test_bad_draft_temperature_from_the_request_is_400(server, bad):
-    body = {"text": "x", "sampling_params": {"max_new_tokens": 2, "custom_params": {"dspark_draft_temperature": bad}}}
+@pytest.mark.parametrize("key,bad", [("dspark_draft_temperature", -1), ("dspark_draft_temperature", "hot"),
+                                     ("dspark_max_verify", -1), ("dspark_max_verify", 1.5)])
+def test_bad_per_request_dspark_params_are_400(server, key, bad):
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 2, "custom_params": {key: bad}}}
     with pytest.raises(urllib.error.HTTPError) as err:
         http_json(f"{server.base_url}/generate", body)
     assert err.value.code == 400
-    assert "dspark_draft_temperature" in err.value.read().decode()
+    assert key in err.value.read().decode()
 
 
 def test_metrics_carry_no_prompt_or_completion_text(run):
