@@ -21,46 +21,37 @@ MAX_VERIFY_KEY = "dspark_max_verify"
 REQUEST = "request"
 
 
+def _param(key: str, custom_params):
+    """The request's value for `key` (None when absent or when custom_params is not a dict)."""
+    return custom_params.get(key) if isinstance(custom_params, dict) else None
+
+
+def _request_param(req, key: str):
+    return _param(key, getattr(getattr(req, "sampling_params", None), "custom_params", None))
+
+
 def _nonnegative_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-def _floor_of(custom_params) -> float | None:
-    if not isinstance(custom_params, dict) or SLA_KEY not in custom_params:
-        return None
-    return custom_params[SLA_KEY]
-
-
 def validate(custom_params) -> None:
-    value = _floor_of(custom_params)
+    value = _param(SLA_KEY, custom_params)
     if value is None:
         return
     if not _nonnegative_number(value):
         raise ValueError(f"custom_params.{SLA_KEY} must be a finite number >= 0 (tokens/s), got {value!r}")
 
 
-def _draft_temperature_of(custom_params):
-    if not isinstance(custom_params, dict) or DRAFT_TEMPERATURE_KEY not in custom_params:
-        return None
-    return custom_params[DRAFT_TEMPERATURE_KEY]
-
-
 def validate_draft_temperature(custom_params) -> None:
-    value = _draft_temperature_of(custom_params)
+    value = _param(DRAFT_TEMPERATURE_KEY, custom_params)
     if value is None or value == REQUEST:
         return
     if not _nonnegative_number(value):
         raise ValueError(f"custom_params.{DRAFT_TEMPERATURE_KEY} must be a number >= 0 or {REQUEST!r}, got {value!r}")
 
 
-def _max_verify_of(custom_params):
-    if not isinstance(custom_params, dict) or MAX_VERIFY_KEY not in custom_params:
-        return None
-    return custom_params[MAX_VERIFY_KEY]
-
-
 def validate_max_verify(custom_params) -> None:
-    value = _max_verify_of(custom_params)
+    value = _param(MAX_VERIFY_KEY, custom_params)
     if value is None:
         return
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
@@ -77,7 +68,7 @@ def after_sampling_params_verify(result, self, *args, **kwargs):
 
 def verify_caps(reqs) -> torch.Tensor | None:
     """Long[R] per-request caps on the verify length (-1 = none), or None when no request sets one."""
-    caps = [_max_verify_of(getattr(getattr(req, "sampling_params", None), "custom_params", None)) for req in reqs]
+    caps = [_request_param(req, MAX_VERIFY_KEY) for req in reqs]
     if all(c is None for c in caps):
         return None
     return torch.tensor([-1 if c is None else int(c) for c in caps], dtype=torch.int64)
@@ -87,7 +78,7 @@ def request_floors(reqs, server_floor: float | None) -> torch.Tensor | None:
     """Float[R] SLA floors for a batch (NaN = none), or None when no request has one."""
     floors = []
     for req in reqs:
-        own = _floor_of(getattr(getattr(req, "sampling_params", None), "custom_params", None))
+        own = _request_param(req, SLA_KEY)
         value = server_floor if own is None else float(own)
         floors.append(float("nan") if not value else float(value))
     if all(math.isnan(f) for f in floors):
@@ -99,7 +90,7 @@ def draft_temperature_caps(reqs, server_cap: float | None) -> torch.Tensor:
     """Float64[R]: the temperature each request's drafts may be sampled at, at most (inf = its own temperature)."""
     caps = []
     for req in reqs:
-        own = _draft_temperature_of(getattr(getattr(req, "sampling_params", None), "custom_params", None))
+        own = _request_param(req, DRAFT_TEMPERATURE_KEY)
         value = server_cap if own is None else (None if own == REQUEST else float(own))
         caps.append(math.inf if value is None else value)
     return torch.tensor(caps, dtype=torch.float64)
