@@ -49,7 +49,7 @@ from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, update_secti
 from sglang_dspark.control import BatchContext, EngineCostModel, PlainDecodeGate, StepOutcome, make_policy
 from sglang_dspark.control.cost_model import nonnegative_lstsq
 from sglang_dspark.control.draft_skip import BatchProbeGate
-from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays
+from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 
 DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
@@ -335,11 +335,8 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
             else:
                 drafted = int(active.sum())
             useful = lengths > 0
-            if spec.split(":")[0] in PRICED_DRAFTING_POLICIES and drafted and int(lengths.sum()):  # as the worker
-                plain_s = gate.plain_step_s(concurrency, cost, kv_tokens) if gate is not None else None
-                plain_s = plain_s if plain_s is not None else float(cost.predict(concurrency, concurrency, kv_tokens))
-                verify_pred = (1.0 if gate is None else gate.kappa) * float(
-                    cost.predict(concurrency + int(lengths.sum()), concurrency, kv_tokens))
+            if spec.split(":")[0] in PRICED_DRAFTING_POLICIES and drafted:  # as the worker (_drafting_useful)
+                plain_s, verify_pred = step_prices(cost, gate, concurrency, int(lengths.sum()), kv_tokens)
                 useful, savings = drafting_pays(savings, lengths, conf, active, plain_s, verify_pred,
                                                 draft(drafted) / drafted)
             streak = torch.where(useful, torch.zeros_like(streak), streak + 1)

@@ -41,6 +41,16 @@ def verification_savings(lengths: torch.Tensor, conf: torch.Tensor, plain_step_s
     return expected * (plain_step_s / R) - extra * lengths.double() / total
 
 
+def step_prices(cost_model, gate, num_requests: int, verified: int, kv_tokens: int) -> tuple[float, float]:
+    """(plain step s, verify step s) as the controller prices them at this operating point: the plain-decode gate's
+    measured plain/verify ratio when it has one (control/plain_decode.py), its kappa on the verify prediction."""
+    plain = gate.plain_step_s(num_requests, cost_model, kv_tokens) if gate is not None else None
+    if plain is None:
+        plain = float(cost_model.predict(num_requests, num_requests, kv_tokens))
+    kappa = 1.0 if gate is None else gate.kappa
+    return plain, kappa * float(cost_model.predict(num_requests + verified, num_requests, kv_tokens))
+
+
 SAVINGS_RATE = 0.3  # EWMA weight of the newest drafted step
 
 

@@ -27,7 +27,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMonitor, DraftCostModel, PlainDecodeGate,
                                    StepOutcome, make_policy, survival, unmet_floors)
-from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays
+from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
@@ -213,14 +213,13 @@ class DSparkExtWorker(BaseSpecWorker):
                 logger.info("DSPARK_EXT: verify forwards use chain-only SDPA attention (torch_native backend)")
         return backend
 
-    def _draft_active(self, batch, state: DSparkDraftState) -> torch.Tensor:
+    def _draft_active(self, state: DSparkDraftState, caps: torch.Tensor | None) -> torch.Tensor:
         """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps, and
-        those that asked for no speculation (custom_params dspark_max_verify = 0)."""
+        those that asked for no speculation (caps: verify_caps, custom_params dspark_max_verify = 0)."""
         streak = state.zero_streak
         active = torch.ones(len(streak), dtype=torch.bool)
         if self.options.draft_skip:
             active = self.probe_gate.active(streak, self.step_index)
-        caps = verify_caps(batch.reqs)
         if caps is not None:
             active &= caps != 0
         return torch.nonzero(active).view(-1)
@@ -241,7 +240,8 @@ class DSparkExtWorker(BaseSpecWorker):
         stats = StepStats(bs)
 
         fallback = None
-        active = self._draft_active(batch, state)
+        caps = verify_caps(batch.reqs)
+        active = self._draft_active(state, caps)
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
@@ -274,7 +274,7 @@ class DSparkExtWorker(BaseSpecWorker):
             policy = self.profile_policy if self.costs.profiling else self.policy
             verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
             verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
-            verify_lens = self._restrict(batch, verify_lens)
+            verify_lens = self._restrict(batch, verify_lens, caps)
             if self.plain_gate is not None and not self.costs.profiling:
                 verify_lens = self.plain_gate.choose(verify_lens, conf, self.cost_model, int(committed.sum()))
             if ctx.min_user_tps is not None:  # whatever the policy: say when a floor is out of reach this step
@@ -440,20 +440,15 @@ class DSparkExtWorker(BaseSpecWorker):
         if not self.prices_drafting or conf is None or len(active) == 0:
             return lens > 0, state.savings
         bs = lens.numel()
-        plain_s = self.plain_gate.plain_step_s(bs, self.cost_model, kv) if self.plain_gate is not None else None
-        if plain_s is None:
-            plain_s = float(self.cost_model.predict(bs, bs, kv))
-        kappa = 1.0 if self.plain_gate is None else self.plain_gate.kappa
-        verify_s = kappa * float(self.cost_model.predict(bs + int(lens.sum()), bs, kv))
+        plain_s, verify_s = step_prices(self.cost_model, self.plain_gate, bs, int(lens.sum()), kv)
         return drafting_pays(state.savings, lens, conf.cpu().float(), _mask(active, bs), plain_s, verify_s,
                              self.draft_cost(len(active)) / len(active))
 
-    def _restrict(self, batch, verify_lens: torch.Tensor) -> torch.Tensor:
-        """Per-request caps (custom_params dspark_max_verify). A batch holding a request whose next-token
+    def _restrict(self, batch, verify_lens: torch.Tensor, caps: torch.Tensor | None) -> torch.Tensor:
+        """Per-request caps (verify_caps: custom_params dspark_max_verify). A batch holding a request whose next-token
         distribution we do not reproduce (grammar, custom logit processor) verifies nothing: even its bonus token
         must come from SGLang's sampler, which only the plain decode step uses."""
         si = batch.sampling_info
-        caps = verify_caps(batch.reqs)
         if caps is not None:
             verify_lens = torch.where(caps >= 0, torch.minimum(verify_lens, caps), verify_lens)
         if getattr(si, "grammars", None) or getattr(si, "has_custom_logit_processor", False):

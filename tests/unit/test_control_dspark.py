@@ -286,6 +286,22 @@ def test_drafting_pays_when_verification_saves_more_than_the_draft():
     assert verification_savings(lengths, conf, 0.18, 0.15).tolist() == pytest.approx([0.1026, 0.018, 0.0])
 
 
+def test_step_prices_use_the_gates_measured_ratios():
+    """t(T) = 0.1 + 0.01 T: no gate -> plain t(2) = 0.12, verify t(5) = 0.15; a gate with rho 0.5 and kappa 2
+    -> plain 0.06, verify 0.30."""
+    from sglang_dspark.control import PlainDecodeGate
+    from sglang_dspark.control.draft_value import step_prices
+
+    class Cost:
+        def predict(self, T, R, K):
+            return 0.1 + 0.01 * T
+
+    assert step_prices(Cost(), None, 2, 3, 0) == pytest.approx((0.12, 0.15))
+    gate = PlainDecodeGate()
+    gate.rho, gate.kappa = 0.5, 2.0
+    assert step_prices(Cost(), gate, 2, 3, 0) == pytest.approx((0.06, 0.30))
+
+
 def test_algorithm1_prices_verification_only():
     """Hand-computed: survivals ranked 0.9 (r0 j0), 0.81 (r0 j1), 0.3 (r1 j0), 0.15 (r1 j1), t(T) = 0.1 + 0.01 T:
     theta = 16.67, 22.31, 26.50, 26.73, 26.00 -> stop after 3 -> [2, 1]. The drafts are sunk: no draft term."""
