@@ -35,6 +35,13 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def draft_inputs(cfg, batch: int, context: int, dtype: torch.dtype) -> tuple:
+    """`propose` arguments for a greedy draft pass of `batch` requests over `context` cached positions of random K/V."""
+    k = torch.randn(cfg.num_hidden_layers, batch, context, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
+    return (torch.randint(0, 1000, (batch,)), torch.full((batch,), context), k, torch.randn_like(k),
+            torch.ones(batch, context, dtype=torch.bool), torch.zeros(batch))
+
+
 @torch.no_grad()
 def run(args: argparse.Namespace) -> list[dict]:
     from transformers import AutoModelForCausalLM
@@ -61,16 +68,11 @@ def run(args: argparse.Namespace) -> list[dict]:
         def target_step():
             target(new_ids, past_key_values=copies.pop(), use_cache=True)
 
-        L, C = cfg.num_hidden_layers, args.context
-        k = torch.randn(L, bs, C, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
-        v = torch.randn_like(k)
-        valid = torch.ones(bs, C, dtype=torch.bool)
-        anchor = torch.randint(0, 1000, (bs,))
-        pos = torch.full((bs,), C)
-        temps = torch.zeros(bs)
+        C = args.context
+        inputs = draft_inputs(cfg, bs, C, dtype)
 
         def draft_step():
-            drafter.propose(anchor, pos, k, v, valid, temps)
+            drafter.propose(*inputs)
 
         t_target = median_time(target_step, args.repeats)
         for vocab in ([None, reduced] if reduced is not None else [None]):

@@ -7,8 +7,8 @@ One decode step for R running requests:
   verify  : ONE ragged target EXTEND forward over sum_r(1 + l_r) tokens, capturing the drafter's target layers;
   accept  : greedy prefix match, or rejection sampling against SGLang's processed target distribution;
   commit  : accepted tokens + bonus go back to the scheduler, which appends them and moves the KV length;
-            the drafter context of every verified slot is (re)written; rejected slots lie past the committed
-            length and get overwritten next step.
+            the drafter context of every verified slot is (re)written (deferred to the next draft, see
+            context_pool.py); rejected slots lie past the committed length and get overwritten next step.
 A drafter failure (exception or non-finite output) makes that step a plain decode step (all l_r = 0).
 """
 
@@ -313,7 +313,7 @@ class DSparkExtWorker(BaseSpecWorker):
         with section("dspark.accept", prof):
             accept = self._accept(processed, rows, verify_lens, drafts, draft_dist, si)
         with section("dspark.context_write", prof):
-            self.context_pool.write(slots, positions, self._features(out))
+            self.context_pool.defer(slots, positions, self._features(out))
         if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
@@ -368,7 +368,7 @@ class DSparkExtWorker(BaseSpecWorker):
             # is_verify: logits only, no SGLang sampling (we draw the token below when own_sampling)
             res = self.target_worker.forward_batch_generation(batch, is_verify=own_sampling,
                                                               capture_hidden_mode=CaptureHiddenMode.FULL)
-        self.context_pool.write(slots, positions, self._features(res.logits_output))
+        self.context_pool.defer(slots, positions, self._features(res.logits_output))
         if own_sampling:
             with section("dspark.plain_sample", self.profiler is not None):
                 tokens = sample_plain(res.logits_output.next_token_logits, batch.sampling_info)

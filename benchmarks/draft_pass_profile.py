@@ -1,0 +1,43 @@
+"""Time one greedy draft pass of a drafter as the worker calls it (batch R over a 300-token context of random K/V,
+the inputs of `bench draft_cost`), and with --prof list its operators by self time and input shape. Unlike
+`bench draft_cost` it needs no target forward and writes nothing, so it can time any drafter copy.
+
+    python benchmarks/draft_pass_profile.py --batch 1 [--prof] [--drafter DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from sglang_dspark.bench.draft_cost import draft_inputs, median_time
+from sglang_dspark.drafter.checkpoint import load_drafter
+from sglang_dspark.embedded import DEFAULT_DRAFTER_DIR, DEFAULT_TARGET_DIR
+from sglang_dspark.train.target import load_target_shared_weights
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--drafter", default=str(DEFAULT_DRAFTER_DIR))
+    p.add_argument("--prof", action="store_true")
+    args = p.parse_args()
+    embed, lm_head = load_target_shared_weights(str(DEFAULT_TARGET_DIR))
+    drafter = load_drafter(args.drafter, target_embed=embed, target_lm_head=lm_head, dtype=torch.bfloat16).eval()
+    inputs = draft_inputs(drafter.config, args.batch, args.context, torch.bfloat16)
+    seconds = median_time(lambda: drafter.propose(*inputs), args.repeats)
+    print(f"batch {args.batch}: median {1000 * seconds:.2f} ms over {args.repeats} passes")
+    if args.prof:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(10):
+                drafter.propose(*inputs)
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+if __name__ == "__main__":
+    main()
