@@ -27,7 +27,8 @@ does the rank x V projection on CUDA cores one request at a time, and tensor cor
 program. Two launches per position cost ~2 us of launch gap each (14 in all at G = 7) against ~50 us of work.
 Cost model (R=128, G=7, V=151936, r=256, bf16, H200): W2 7 x 78 MB + U 272 MB (+ logits 545 MB fp32) of HBM
 traffic, 70 GFLOP on tensor cores, and ~136 M Gumbel draws (two 32-bit hash rounds + two logs each) on CUDA
-cores: ~0.25 ms without logits, ~0.35 ms with, by bandwidth / issue rate.
+cores: ~0.25 ms without logits, ~0.35 ms with, by bandwidth / issue rate. A batch the caller knows to be all
+greedy (the server drafts greedily by default) compiles the draws out (SAMPLED=False).
 """
 
 from __future__ import annotations
@@ -160,10 +161,11 @@ if HAS_TRITON:
         k, R, V, NT, P, TILES_PER_PROG,
         RANK: tl.constexpr, RANK_PAD: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-        WRITE_LOGITS: tl.constexpr, IEEE_DOT: tl.constexpr,
+        WRITE_LOGITS: tl.constexpr, IEEE_DOT: tl.constexpr, SAMPLED: tl.constexpr,
         SALT: tl.constexpr, GREEDY_EPS: tl.constexpr,
     ):
-        """One program = one request tile x a contiguous run of TILES_PER_PROG vocabulary tiles."""
+        """One program = one request tile x a contiguous run of TILES_PER_PROG vocabulary tiles.
+        SAMPLED=False: every row is greedy (the caller knows it on the host), so no Gumbel noise is drawn."""
         pid_r = tl.program_id(0)  # request tiles vary fastest: programs sharing W2 tiles run together
         pid_v = tl.program_id(1)
         rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -211,8 +213,11 @@ if HAS_TRITON:
                 tl.store(l_row[:, None] + cols[None, :], logits, mask=m2)
 
             z = logits * inv_t[:, None]
-            noise = _rng.gumbel(key1[:, None], key2[:, None], k * V + cols[None, :])
-            score = tl.where(greedy[:, None], z, z + noise)
+            if SAMPLED:
+                noise = _rng.gumbel(key1[:, None], key2[:, None], k * V + cols[None, :])
+                score = tl.where(greedy[:, None], z, z + noise)
+            else:
+                score = z
             score = tl.where(cmask[None, :], score, float("-inf"))
             z = tl.where(cmask[None, :], z, float("-inf"))
 
@@ -237,7 +242,7 @@ if HAS_TRITON:
         temp_ptr, seed_ptr,
         tok_ptr, prob_ptr, lse_ptr, s_out,  # outputs [R, G] (row stride s_out) at column k
         k, R, V, P,
-        BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, SAMPLED: tl.constexpr,
         SALT: tl.constexpr, GREEDY_EPS: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -265,8 +270,11 @@ if HAS_TRITON:
         key1, key2 = _rng.stream_keys(seed, SALT)
         # z of the sampled token, recovered from its perturbed score (|error| <= one ulp of the score): the
         # vocabulary sweep then needs no per-element bookkeeping of z at the running argmax
-        z_tok = tl.where(rmask, best - _rng.gumbel(key1, key2, k * V + tok), 0.0)
-        prob = tl.where(greedy, 1.0, tl.exp(tl.where(rmask, z_tok - lse, 0.0)))
+        if SAMPLED:
+            z_tok = tl.where(rmask, best - _rng.gumbel(key1, key2, k * V + tok), 0.0)
+            prob = tl.where(greedy, 1.0, tl.exp(tl.where(rmask, z_tok - lse, 0.0)))
+        else:
+            prob = tl.full([BLOCK_R], 1.0, tl.float32)
         out = rows * s_out + k
         tl.store(tok_ptr + out, tok.to(tl.int64), mask=rmask)
         tl.store(prob_ptr + out, prob, mask=rmask)
@@ -329,8 +337,13 @@ def markov_sample_triton(
     programs_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    all_greedy: bool | None = None,
 ) -> MarkovSample:
-    """Vanilla head on Triton (CUDA, or CPU under TRITON_INTERPRET=1). Same outputs as the reference."""
+    """Vanilla head on Triton (CUDA, or CPU under TRITON_INTERPRET=1). Same outputs as the reference.
+
+    all_greedy: the caller's host-side knowledge (it must be true) that every temperature is below GREEDY_EPS (the server's default
+    greedy drafts); the kernels then skip the Gumbel draws, two hash rounds and two logs per vocabulary entry.
+    None reads it from `temperatures` when they are on the host, and otherwise assumes sampling rather than sync."""
     if not HAS_TRITON:
         raise RuntimeError("triton is not importable")
     R, G, V = base_logits.shape
@@ -341,6 +354,8 @@ def markov_sample_triton(
     if markov_w1.dtype != markov_w2.dtype:
         raise ValueError("markov_w1 and markov_w2 must share a dtype")
     device = base_logits.device
+    if all_greedy is None:
+        all_greedy = temperatures.device.type == "cpu" and bool((temperatures < GREEDY_EPS).all())
     w1 = markov_w1.contiguous()
     w2 = markov_w2.contiguous()
     temps = temperatures.to(device=device, dtype=torch.float32).contiguous()
@@ -375,7 +390,7 @@ def markov_sample_triton(
             part_f, part_i,
             k, R, V, cfg["nt"], P, cfg["tiles_per_prog"],
             RANK=rank, RANK_PAD=cfg["rank_pad"], BLOCK_R=cfg["block_r"], BLOCK_V=cfg["block_v"],
-            WRITE_LOGITS=logits is not None, IEEE_DOT=ieee,
+            WRITE_LOGITS=logits is not None, IEEE_DOT=ieee, SAMPLED=not all_greedy,
             SALT=_rng.SALT_DRAFT_GUMBEL, GREEDY_EPS=GREEDY_EPS,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
@@ -383,7 +398,7 @@ def markov_sample_triton(
             part_f, part_i, temps, seeds,
             tokens, probs, lse, tokens.stride(0),
             k, R, V, P,
-            BLOCK_R=reduce_block_r, BLOCK_P=block_p,
+            BLOCK_R=reduce_block_r, BLOCK_P=block_p, SAMPLED=not all_greedy,
             SALT=_rng.SALT_DRAFT_GUMBEL, GREEDY_EPS=GREEDY_EPS,
             num_warps=4,
         )
@@ -407,10 +422,12 @@ def markov_sample(
     gate_proj: tuple[torch.Tensor, torch.Tensor] | None = None,
     joint_proj: tuple[torch.Tensor, torch.Tensor] | None = None,
     backend: str = "auto",
+    all_greedy: bool | None = None,
 ) -> MarkovSample:
     """Triton for the vanilla head on CUDA, torch otherwise; `.backend` / `.reason` say which and why.
 
     backend: "auto" | "triton" | "torch". "triton" on CPU tensors needs TRITON_INTERPRET=1 (tests only).
+    all_greedy: see markov_sample_triton (the torch loop does not need it).
     """
     reason = None
     if backend == "torch":
@@ -423,7 +440,7 @@ def markov_sample(
         reason = f"tensors on {base_logits.device.type}, Triton path needs CUDA; torch loop used"
     if reason is None:
         return markov_sample_triton(base_logits, markov_w1, markov_w2, anchor_tokens, temperatures, seeds,
-                                    return_logits=return_logits)
+                                    return_logits=return_logits, all_greedy=all_greedy)
     if backend == "triton" and head_kind != "vanilla":
         raise ValueError(reason)
     out = markov_sample_reference(base_logits, markov_w1, markov_w2, anchor_tokens, temperatures, seeds,

@@ -294,20 +294,24 @@ class DSparkDraftModel(nn.Module):
 
     @torch.no_grad()
     def propose(self, anchor, anchor_pos, ctx_k, ctx_v, ctx_valid, temperature, generator=None,
-                sampler: str = "auto") -> Proposal:
+                sampler: str = "auto", all_greedy: bool | None = None) -> Proposal:
         """One draft round for R requests: anchor/anchor_pos [R], temperature [R] (0 => greedy).
         Markov-corrected tokens are sampled left to right, each fed back as the next `prev` (reference §1.6).
         sampler: "auto" = the Triton Markov sampler (kernels/) for a vanilla head on CUDA, this torch loop
-        otherwise; "triton" / "torch" force one (tests)."""
+        otherwise; "triton" / "torch" force one (tests).
+        all_greedy: the caller's host-side knowledge that every temperature is 0 (it must be true); None reads
+        it from `temperature`, one device sync on a GPU."""
         block_ids, block_pos = self.block_inputs(anchor, anchor_pos)
         h = self.backbone(block_ids, block_pos, ctx_k, ctx_v, ctx_valid)
         vocab = self.draft_vocab
         base = (self.lm_head(h) if vocab is None else F.linear(h, self._draft_lm_head)).float()
         R, B, V = base.shape
         temperature = temperature.to(device=h.device, dtype=torch.float32)
-        if vocab is None and self._kernel_sampler(h, sampler):  # the kernel feeds column ids back as tokens
-            return self._propose_with_kernel(h, base, anchor.long(), temperature, generator)
         greedy = temperature < GREEDY_TEMPERATURE
+        if all_greedy is None:
+            all_greedy = bool(greedy.all())
+        if vocab is None and self._kernel_sampler(h, sampler):  # the kernel feeds column ids back as tokens
+            return self._propose_with_kernel(h, base, anchor.long(), temperature, generator, all_greedy)
         tokens = torch.empty(R, B, dtype=torch.long, device=h.device)
         logits = torch.empty(R, B, V, dtype=torch.float32, device=h.device)
         conf = torch.empty(R, B, dtype=torch.float32, device=h.device)
@@ -319,7 +323,7 @@ class DSparkDraftModel(nn.Module):
                 lk = lk + corr.float()
             conf[:, k] = self.confidence_logits(h[:, k], prev)
             col = lk.argmax(-1)
-            if not bool(greedy.all()):
+            if not all_greedy:
                 probs = torch.softmax(lk / temperature.clamp_min(GREEDY_TEMPERATURE)[:, None], dim=-1)
                 sampled = sample_rows(probs, generator)  # torch.multinomial: ~8x slower on a CPU
                 col = torch.where(greedy, col, sampled)
@@ -338,14 +342,14 @@ class DSparkDraftModel(nn.Module):
             return False
         return HAS_TRITON and h.is_cuda
 
-    def _propose_with_kernel(self, h, base, anchor, temperature, generator) -> Proposal:
+    def _propose_with_kernel(self, h, base, anchor, temperature, generator, all_greedy: bool) -> Proposal:
         from kernels import markov_sample
 
         R = base.shape[0]
         seeds = torch.randint(0, 2**62, (R,), generator=generator, device=generator.device if generator else "cpu")
         w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
         out = markov_sample(base, w1, w2, anchor, temperature, seeds.to(h.device), return_logits=True,
-                            backend="triton")
+                            backend="triton", all_greedy=all_greedy)
         prev = torch.cat([anchor[:, None], out.tokens[:, :-1]], dim=1)
         return Proposal(tokens=out.tokens, logits=out.logits, conf_logits=self.confidence_logits(h, prev))
 

@@ -177,8 +177,9 @@ class DSparkExtWorker(BaseSpecWorker):
                                f"{None if feats is None else tuple(feats.shape)}")
         return feats
 
-    def _draft(self, batch, anchors, committed, draft_temps, active: torch.Tensor):
-        """Draft for the requests in `active` (indices); the others get empty proposals."""
+    def _draft(self, batch, anchors, committed, draft_temps, active: torch.Tensor, all_greedy: bool | None):
+        """Draft for the requests in `active` (indices); the others get empty proposals. `all_greedy`: known on
+        the host that every draft temperature is 0 (saves device syncs on a GPU), or None."""
         t0 = time.perf_counter()
         bs, G = len(anchors), self.gamma
         tokens = torch.zeros(bs, G, dtype=torch.int64, device=self.device)
@@ -188,7 +189,7 @@ class DSparkExtWorker(BaseSpecWorker):
             a = active.to(self.device)
             k, v, valid = self.context_pool.gather(self.req_to_token_pool.req_to_token,
                                                    batch.req_pool_indices[a], committed[a])
-            prop = self.drafter.propose(anchors[a], committed[a], k, v, valid, draft_temps[a])
+            prop = self.drafter.propose(anchors[a], committed[a], k, v, valid, draft_temps[a], all_greedy=all_greedy)
             sub_logits = prop.logits[:, :G]
             if self.inject_nan_steps > 0:
                 self.inject_nan_steps -= 1
@@ -198,7 +199,7 @@ class DSparkExtWorker(BaseSpecWorker):
                 raise DrafterFailure("non-finite drafter output")
             tokens[a] = prop.tokens[:, :G]
             conf[a] = prop.conf_logits[:, :G]
-            if bool((draft_temps[a] > 0).any()):  # only sampled drafts need q; greedy ones are point masses
+            if not all_greedy and bool((draft_temps[a] > 0).any()):  # only sampled drafts need q
                 rows = torch.full((bs,), -1, dtype=torch.int64, device=self.device)
                 rows[a] = torch.arange(len(a), device=self.device)
                 q = DraftDistribution(prop.logits[:, :G], draft_temps, rows, prop.vocab)
@@ -233,7 +234,9 @@ class DSparkExtWorker(BaseSpecWorker):
         si = batch.sampling_info
         greedy = (si.top_ks.view(-1) == 1).to(self.device)
         temps = si.temperatures.view(-1).to(self.device)
-        caps = draft_temperature_caps(batch.reqs, self.options.draft_temperature).to(self.device, temps.dtype)
+        caps_host = draft_temperature_caps(batch.reqs, self.options.draft_temperature)
+        all_greedy = True if bool((caps_host == 0).all()) else None  # the default: greedy drafts at every T
+        caps = caps_host.to(self.device, temps.dtype)
         capped = torch.minimum(temps, caps)
         draft_temps = torch.where(greedy, torch.zeros_like(temps), capped)
         sampled = ~greedy  # the target samples: STS has a separate set for this acceptance rule
@@ -253,7 +256,7 @@ class DSparkExtWorker(BaseSpecWorker):
         try:
             with section("dspark.draft", prof):
                 drafts, draft_dist, conf_logits, stats.draft_s = self._draft(batch, anchors, committed_dev,
-                                                                               draft_temps, active)
+                                                                               draft_temps, active, all_greedy)
         except Exception as e:  # a broken drafter must never take the request down with it
             fallback = "nan" if isinstance(e, DrafterFailure) else "exception"
             if fallback == "exception":

@@ -5,7 +5,8 @@ server without speculation on 5 prompts.
 
 bfloat16: exact identity is not guaranteed (verifying a chain in one EXTEND forward rounds differently from single
 decode steps; SGLang's own NGRAM diverges here too). What must hold: every divergence starts at a near-tie of the
-target, i.e. where the no-speculation run's top-2 log-probability margin at that position is below NEAR_TIE_NATS.
+target, i.e. where the no-speculation run's top-2 log-probability margin at that position is below NEAR_TIE_NATS,
+and the token it took instead is one of the candidates within that bound of the winner.
 The divergence rate is printed and written to <log_dir>/bf16_divergence.json.
 
 Both halves skip (with the reason) only when `make setup` has not installed the embedded model or the drafter.
@@ -29,6 +30,7 @@ TOKENS = 32
 # verified in one forward accumulates its matmuls in a different order than single decode steps. A flip of the
 # argmax between two candidates closer than this (in log-probability, = logit difference) is rounding, not a bug.
 NEAR_TIE_NATS = 0.5
+TOP_LOGPROBS = 8  # bf16 logits tie three or more ways now and then (seen: a 3-way tie at margin 0.0)
 FP32_PROMPTS = [
     "def fibonacci(n):",
     "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:",
@@ -55,7 +57,7 @@ def _args(dtype: str, spec: bool) -> list[str]:
 def _generate(server: Server, prompts: list[str], logprobs: bool) -> list[dict]:
     body = {"text": prompts, "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0.0, "ignore_eos": True}}
     if logprobs:
-        body.update(return_logprob=True, top_logprobs_num=2)
+        body.update(return_logprob=True, top_logprobs_num=TOP_LOGPROBS)
     return post_json(server.url + "/generate", body)
 
 
@@ -99,9 +101,12 @@ def test_bf16_divergences_start_at_near_ties(runs, log_dir):
         k = _first_divergence(s["output_ids"], p["output_ids"])
         entry = {"prompt": i, "diverges_at": k}
         if k is not None:
-            top2 = p["meta_info"]["output_top_logprobs"][k]
-            entry["margin_nats"] = float(top2[0][0] - top2[1][0])
-            entry["spec_token"], entry["plain_top2"] = s["output_ids"][k], [t[1] for t in top2]
+            top = p["meta_info"]["output_top_logprobs"][k]
+            entry["margin_nats"] = float(top[0][0] - top[1][0])
+            entry["spec_token"] = s["output_ids"][k]
+            # the no-spec candidates within the near-tie bound of its winner, as (token, nats below the winner)
+            entry["plain_near_ties"] = [(t[1], float(top[0][0] - t[0])) for t in top
+                                        if top[0][0] - t[0] < NEAR_TIE_NATS]
         report.append(entry)
     diverged = [e for e in report if e["diverges_at"] is not None]
     summary = {"prompts": len(report), "diverged": len(diverged), "divergence_rate": len(diverged) / len(report),
@@ -110,5 +115,5 @@ def test_bf16_divergences_start_at_near_ties(runs, log_dir):
     print("bf16 divergence", json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}), diverged)
     for e in diverged:
         assert e["margin_nats"] < NEAR_TIE_NATS, f"divergence at a clear winner (not a near-tie): {e}"
-        # the speculative run picked the no-spec runner-up: a swap of the top two, not an arbitrary token
-        assert e["spec_token"] in e["plain_top2"], e
+        # the speculative run picked another of the near-tied candidates, not an arbitrary token
+        assert e["spec_token"] in [t for t, _ in e["plain_near_ties"]], e

@@ -111,6 +111,33 @@ def test_triton_greedy_ties_pick_the_lowest_id(device):
     assert got.tokens[:, 0].tolist() == [5, 21, 5, 5]
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("all_greedy", [True, False, None])
+def test_triton_all_greedy_batch_skips_noise_with_the_same_outputs(device, all_greedy):
+    """The host-side greedy hint compiles the Gumbel draws out; tokens, probs, lse and logits stay the reference's.
+    None derives the hint from host temperatures (CPU) or assumes sampling (CUDA, no sync)."""
+    device_or_skip(device, _KERNEL)
+    args = _problem(12, 4, 80, 16, torch.float32, device, seed=5)
+    args[4] = torch.zeros_like(args[4])
+    got = markov_sample_triton(*args, return_logits=True, block_v=16, programs_v=3, all_greedy=all_greedy)
+    ref = markov_sample_reference(*args, return_logits=True)
+    _assert_same(got, ref, exact_tokens=device == "cpu")
+    assert torch.all(got.token_probs == 1.0)
+
+
+def test_triton_greedy_hint_is_a_promise():
+    """A false hint (sampled rows, all_greedy=True) gives the argmax chain: the caller must only say it when true.
+    Shown here so that a change making the kernel ignore the hint is noticed."""
+    device_or_skip("cpu", _KERNEL)
+    args = _problem(8, 3, 64, 16, torch.float32, "cpu", seed=9)
+    args[4] = torch.ones_like(args[4])
+    hinted = markov_sample_triton(*args, block_v=16, all_greedy=True)
+    greedy_args = list(args)
+    greedy_args[4] = torch.zeros_like(args[4])
+    assert torch.equal(hinted.tokens, markov_sample_reference(*greedy_args).tokens)
+    assert not torch.equal(hinted.tokens, markov_sample_reference(*args).tokens)
+
+
 def test_launch_config_rejects_bad_tiles():
     if not HAS_TRITON:
         pytest.skip("triton is not importable")
