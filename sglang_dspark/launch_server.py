@@ -106,6 +106,39 @@ def _dspark_available() -> bool:
     return True
 
 
+def _resolved_dtype(argv: list[str], model: str | None) -> str:
+    """--dtype, or for "auto" the model config's dtype (as SGLang resolves it)."""
+    dtype = _flag_value(argv, "--dtype") or "auto"
+    if dtype != "auto":
+        return dtype
+    try:
+        import json
+
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        return cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    except (OSError, TypeError, ValueError):
+        return "bfloat16"
+
+
+def cpu_bf16_note(argv: list[str], cpu_flags: set[str]) -> str | None:
+    """A line for serving bf16 on a CPU without native bf16 math, where the dtype is a load-dependent trade-off."""
+    dtype = _resolved_dtype(argv, _flag_value(argv, "--model-path") or _flag_value(argv, "--model"))
+    if dtype not in ("bfloat16", "bf16") or not cpu_flags or cpu_flags & {"avx512_bf16", "amx_bf16"}:
+        return None
+    return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX), so batched bf16 decoding barely "
+            "scales here; --dtype float32 served 1.7x the aggregate tok/s at 8 concurrent requests and 0.62x at 1 "
+            "on a 2-core AVX2 EPYC (BENCHMARKS.md, ninth session)")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.split(":", 1)[1].split()) if ":" in line else set()
+
+
 def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
     """Profile only when DSPARK_EXT is on, profiling is allowed and no cost model is cached for this stack."""
     algo = (_flag_value(argv, "--speculative-algorithm") or "").upper()
@@ -114,15 +147,7 @@ def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
     from sglang_dspark.sglang_plugin.cost_profile import cache_path, cost_key, verify_attention_kind
 
     model = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
-    dtype = _flag_value(argv, "--dtype") or "auto"
-    if dtype == "auto":
-        try:
-            import json
-
-            cfg = json.loads((Path(model) / "config.json").read_text())
-            dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-        except (OSError, ValueError):
-            dtype = "bfloat16"
+    dtype = _resolved_dtype(argv, model)
     attention = verify_attention_kind(_flag_value(argv, "--attention-backend"),
                                       "--dspark-sglang-verify-attention" not in argv)
     key = cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu", attention)
@@ -137,6 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sglang_argv = build_argv(argv, cuda)
+    helping = "-h" in sglang_argv or "--help" in sglang_argv
+    note = None if cuda or helping else cpu_bf16_note(sglang_argv, _cpu_flags())
+    if note:
+        print(note, file=sys.stderr, flush=True)
 
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

@@ -2,8 +2,8 @@
 
 Profiling needs no synthetic batches: for the first PROFILE_STEPS decode steps the worker verifies random lengths
 (lossless: the choice ignores draft values), which spreads the verify-token count T across its range, and times
-each target forward. Then it fits the robust linear model and caches it keyed by model, dtype, device and SGLang
-version. `python -m sglang_dspark.launch_server` drives a short warm-up load so this happens before real traffic.
+each target forward. Then it fits the robust linear model and caches it keyed by model, dtype, device (for a CPU:
+its model and vector ISA) and SGLang version. `python -m sglang_dspark.launch_server` drives a short warm-up load so this happens before real traffic.
 """
 
 from __future__ import annotations
@@ -29,9 +29,32 @@ def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "
     verify cost several-fold on a CPU, so a cost model profiled with one must not be reused for the other."""
     import sglang
 
-    return {"model": os.path.abspath(model_path) if os.path.exists(model_path) else model_path,
-            "dtype": str(dtype), "device": str(device), "sglang_version": getattr(sglang, "__version__", "?"),
-            "verify_attention": verify_attention}
+    key = {"model": os.path.abspath(model_path) if os.path.exists(model_path) else model_path,
+           "dtype": str(dtype), "device": str(device), "sglang_version": getattr(sglang, "__version__", "?"),
+           "verify_attention": verify_attention}
+    if str(device) == "cpu":
+        key["cpu"] = cpu_identity()
+    return key
+
+
+def cpu_identity() -> str:
+    """Which CPU a cost model was measured on. Two 2-core cloud VMs differ several-fold: on an AVX2-only AMD EPYC a
+    bf16 GEMM's cost grows linearly with its rows (no native bf16), on an AVX512-BF16 Xeon it barely does below 8
+    (BENCHMARKS.md, ninth session), so a cache from one must not price the other. Same value in the launcher and the
+    scheduler process (no thread counts, which SGLang may set per process)."""
+    import torch
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    if not model:
+        import platform
+
+        model = platform.processor() or platform.machine()
+    return f"{model}; {torch.backends.cpu.get_cpu_capability()}; {os.cpu_count()} cpus"
 
 
 def verify_attention_kind(attention_backend: str | None, chain_enabled: bool) -> str:

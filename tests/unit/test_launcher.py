@@ -95,3 +95,19 @@ def test_draft_temperature_flag_parses_numbers_and_request_and_rejects_the_rest(
     for bad in ("-1", "hot", "nan", "inf"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--dspark-draft-temperature", bad])
+
+
+def test_bf16_on_a_cpu_without_native_bf16_gets_a_dtype_note(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    avx2 = {"fma", "avx", "avx2"}
+    argv = ["--model-path", str(model)]
+    note = ls.cpu_bf16_note(argv, avx2)
+    assert note and "--dtype float32" in note
+    assert ls.cpu_bf16_note(argv, avx2 | {"avx512f", "avx512_bf16"}) is None  # native bf16 dot products
+    assert ls.cpu_bf16_note(argv, avx2 | {"amx_bf16"}) is None
+    assert ls.cpu_bf16_note(argv + ["--dtype", "float32"], avx2) is None
+    assert ls.cpu_bf16_note(argv, set()) is None  # flags unknown (not Linux): say nothing
+    (model / "config.json").write_text('{"torch_dtype": "float32"}')
+    assert ls.cpu_bf16_note(argv, avx2) is None
