@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -23,17 +21,6 @@ SHAPES = {"mlp_up": (4864, 896), "lm_head": (151936, 896)}
 ROWS = (1, 8, 32)
 
 
-def median_ms(fn, repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -41,6 +28,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/cpu_gemm_dtype.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    from sglang_dspark.bench.draft_cost import median_time
     from sglang_dspark.sglang_plugin.cost_profile import cpu_identity
 
     rows = []
@@ -51,7 +39,8 @@ def main() -> None:
             base = None
             for m in ROWS:
                 x = torch.randn(m, k).to(dtype)
-                ms = median_ms(lambda: F.linear(x, w), args.repeats if n < 100_000 else max(3, args.repeats // 3))
+                repeats = args.repeats if n < 100_000 else max(3, args.repeats // 3)
+                ms = 1e3 * median_time(lambda: F.linear(x, w), repeats)
                 base = base or ms
                 rows.append(dict(shape=name, dtype=str(dtype).removeprefix("torch."), rows=m, ms=round(ms, 3),
                                  vs_one_row=round(ms / base, 2)))

@@ -341,9 +341,10 @@ def markov_sample_triton(
 ) -> MarkovSample:
     """Vanilla head on Triton (CUDA, or CPU under TRITON_INTERPRET=1). Same outputs as the reference.
 
-    all_greedy: the caller's host-side knowledge (it must be true) that every temperature is below GREEDY_EPS (the server's default
-    greedy drafts); the kernels then skip the Gumbel draws, two hash rounds and two logs per vocabulary entry.
-    None reads it from `temperatures` when they are on the host, and otherwise assumes sampling rather than sync."""
+    all_greedy: the caller's host-side knowledge (it must be true) that every temperature is below GREEDY_EPS
+    (the server's default greedy drafts); the kernels then skip the Gumbel draws, two hash rounds and two logs per
+    vocabulary entry. None reads it from `temperatures` when they are on the host, and otherwise assumes sampling
+    rather than sync."""
     if not HAS_TRITON:
         raise RuntimeError("triton is not importable")
     R, G, V = base_logits.shape

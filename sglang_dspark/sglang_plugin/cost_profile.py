@@ -3,7 +3,8 @@
 Profiling needs no synthetic batches: for the first PROFILE_STEPS decode steps the worker verifies random lengths
 (lossless: the choice ignores draft values), which spreads the verify-token count T across its range, and times
 each target forward. Then it fits the robust linear model and caches it keyed by model, dtype, device (for a CPU:
-its model and vector ISA) and SGLang version. `python -m sglang_dspark.launch_server` drives a short warm-up load so this happens before real traffic.
+its model and vector ISA) and SGLang version. `python -m sglang_dspark.launch_server` drives a short warm-up load
+so this happens before real traffic.
 """
 
 from __future__ import annotations
