@@ -131,12 +131,9 @@ def cpu_bf16_note(argv: list[str], cpu_flags: set[str]) -> str | None:
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return set()
-    return set(line.split(":", 1)[1].split()) if ":" in line else set()
+    from sglang_dspark.sglang_plugin.cost_profile import cpuinfo_field
+
+    return set(cpuinfo_field("flags").split())
 
 
 def _wants_profile_load(argv: list[str], cuda: bool) -> bool:

@@ -45,17 +45,22 @@ def cpu_identity() -> str:
     scheduler process (no thread counts, which SGLang may set per process)."""
     import torch
 
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
+    model = cpuinfo_field("model name")
     if not model:
         import platform
 
         model = platform.processor() or platform.machine()
     return f"{model}; {torch.backends.cpu.get_cpu_capability()}; {os.cpu_count()} cpus"
+
+
+def cpuinfo_field(name: str) -> str:
+    """The first CPU's `name` line of /proc/cpuinfo ("" where there is none, e.g. not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith(name) and ":" in line), "")
+    except OSError:
+        return ""
 
 
 def verify_attention_kind(attention_backend: str | None, chain_enabled: bool) -> str:
