@@ -8,7 +8,8 @@ Per kernel: correctness vs the torch reference on the benchmark inputs, then the
   ragged accept   R=256 G=7 V=151936: <= 20 us (greedy; sampling reads a full target row per request, so
                   it is bandwidth-bound at about R*V*4 bytes and reported against the same line)
   ragged verify   FlashInfer CUDA-graph step (stage + replay) within 10% of the eager step (plan + run);
-                  stage() also timed on the host (time.perf_counter: us_stage_host), with a cProfile digest
+                  stage() also timed on the host (time.perf_counter: us_stage_host), with a cProfile digest;
+                  `flashinfer_static`: the bucket planned once (FlashInferStaticVerify), replay vs that run
 Host wall-clock per call (us_host_*) is reported beside the event timings: events bracket the launches, so a
 launch-bound call shows both numbers close together. `--no-sweep` skips the Markov tile sweep (~20 s).
 Exits 0 with a message when no GPU is present. Budget: well under 5 minutes on an H200.
@@ -345,7 +346,44 @@ def run_verify(args, results):
         graph_over_eager=t_graph / t_eager, target="graph step within 10% of eager step (or faster)",
         ok=bool(t_graph <= 1.10 * t_eager),
     )
+    try:  # new path: its failure must not drop the rows above
+        entry["flashinfer_static"] = run_verify_static(args, (q, k, v, qo, kvp, pages, lens), ref, slots, width,
+                                                       num_pages, t_run)
+    except Exception as exc:
+        entry["flashinfer_static"] = f"error: {type(exc).__name__}: {exc}"
     results["ragged_verify"] = entry
+
+
+def run_verify_static(args, live, ref, slots, width, num_pages, us_eager_run_ms):
+    """FlashInferStaticVerify: planned once, per step only stage() (no plan) + replay."""
+    from kernels.flashinfer_static_verify import FlashInferStaticVerify
+
+    q, k, v, qo, kvp, pages, lens = live
+    fsv = FlashInferStaticVerify(slots, width, max_pages=num_pages, num_qo_heads=q.shape[1],
+                                 num_kv_heads=k.shape[2], head_dim=q.shape[2], page_size=k.shape[1],
+                                 dtype=q.dtype)
+    fsv.stage(qo, kvp, pages, lens)
+    fsv.capture_graph(k, v)
+    out = fsv.replay(q).clone()
+    eager_out = fsv.run_eager(q, k, v).clone()
+
+    def step():
+        fsv.stage(qo, kvp, pages, lens)
+        return fsv.replay(q)
+
+    t_replay = bench_ms(lambda: fsv.replay(q), args.iters)
+    t_step = bench_ms(step, args.iters)
+    t_run = bench_ms(lambda: fsv.run_eager(q, k, v), args.iters)
+    return dict(
+        max_err=(out.float() - ref.float()).abs().max().item(),
+        eager_max_err=(eager_out.float() - ref.float()).abs().max().item(),
+        plans=fsv.plans, us_replay_only=t_replay * 1e3, us_step_stage_replay=t_step * 1e3,
+        us_run_eager_fa2=t_run * 1e3, us_stage_host=host_us(lambda: fsv.stage(qo, kvp, pages, lens), args.iters),
+        replay_over_eager_plan_run=t_replay / us_eager_run_ms,
+        target="replay within 10% of the per-step-planned eager run, one plan per bucket",
+        ok=bool(fsv.plans == 1 and t_replay <= 1.10 * us_eager_run_ms
+                and (out.float() - ref.float()).abs().max().item() < 5e-2),
+    )
 
 
 # ------------------------------------------------------------------------ 8B-class verify step (denominator)

@@ -13,6 +13,7 @@ from kernels.flashinfer_verify import (
     ragged_verify_attention_reference,
     ragged_verify_attention_triton,
 )
+from kernels.flashinfer_static_verify import FlashInferStaticVerify, static_verify_layout
 from kernels.markov_sampler import (
     GREEDY_EPS,
     MarkovSample,
@@ -27,6 +28,7 @@ __all__ = [
     "HAS_FLASHINFER",
     "HAS_TRITON",
     "FlashInferRaggedVerify",
+    "FlashInferStaticVerify",
     "MarkovSample",
     "kv_indptr_from_lens",
     "markov_sample",
@@ -38,4 +40,5 @@ __all__ = [
     "ragged_verify_attention",
     "ragged_verify_attention_reference",
     "ragged_verify_attention_triton",
+    "static_verify_layout",
 ]

@@ -300,6 +300,9 @@ class FlashInferRaggedVerify:
     page, so its contents must be finite. max_pages bounds the live page-table entries. Indptrs passed to
     stage() should be CPU tensors (FlashInfer reads them on the host; device tensors cost one device->host
     copy, i.e. a sync, for the three of them).
+
+    For CUDA-graph serving prefer FlashInferStaticVerify (flashinfer_static_verify.py): planned once per
+    bucket, no plan() per step. This class stays for eager use with FlashInfer's default backend.
     """
 
     def __init__(
