@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt"
 # kernel tests first (the static FlashInfer path's test is the newest), then the timings
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_kernels_flashinfer_static_verify.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_kernels_flashinfer_static_verify.py \
   tests/unit/test_kernels_flashinfer_verify.py tests/unit/test_kernels_markov_sampler.py \
   tests/unit/test_kernels_ragged_accept.py 2>&1 | tee "$OUT/kernel_tests.log" | tail -15
-timeout 280 python3 benchmarks/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -60
+timeout 240 python3 benchmarks/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -60
