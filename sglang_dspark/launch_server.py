@@ -121,10 +121,14 @@ def _resolved_dtype(argv: list[str], model: str | None) -> str:
 
 
 def cpu_bf16_note(argv: list[str], cpu_flags: set[str]) -> str | None:
-    """A line for serving bf16 on a CPU without native bf16 math, where the dtype is a load-dependent trade-off."""
+    """A line for serving bf16 on a CPU without native bf16 math, where plain bf16 GEMMs do not batch."""
     dtype = _resolved_dtype(argv, _flag_value(argv, "--model-path") or _flag_value(argv, "--model"))
     if dtype not in ("bfloat16", "bf16") or not cpu_flags or cpu_flags & {"avx512_bf16", "amx_bf16"}:
         return None
+    if (_flag_value(argv, "--dspark-cpu-gemm") or "auto") != "off":
+        return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX): GEMMs wide enough to gain "
+                "run on fp32 copies of the weights, from a row count measured per shape at start "
+                "(--dspark-cpu-gemm off keeps SGLang's bf16 GEMMs)")
     return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX), so batched bf16 decoding barely "
             "scales here; --dtype float32 served 1.7x the aggregate tok/s at 8 concurrent requests and 0.62x at 1 "
             "on a 2-core AVX2 EPYC (BENCHMARKS.md, ninth session)")
@@ -142,12 +146,14 @@ def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
     if algo != ALGORITHM_NAME or "--dspark-no-profile" in argv or _has_flag(argv, "--dspark-cost-model-path"):
         return False
     from sglang_dspark.sglang_plugin.cost_profile import cache_path, cost_key, verify_attention_kind
+    from sglang_dspark.sglang_plugin.cpu_gemm import predicted_gemm_kind
 
     model = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
     dtype = _resolved_dtype(argv, model)
     attention = verify_attention_kind(_flag_value(argv, "--attention-backend"),
                                       "--dspark-sglang-verify-attention" not in argv)
-    key = cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu", attention)
+    gemm = predicted_gemm_kind(_flag_value(argv, "--dspark-cpu-gemm") or "auto", _cpu_flags() or None, dtype, cuda)
+    key = cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu", attention, gemm)
     return not cache_path(key).exists()
 
 

@@ -25,9 +25,10 @@ CACHE_DIR = Path(os.environ.get("SGLANG_DSPARK_CACHE", Path.home() / ".cache" / 
 PRIOR_COEF = (0.06, 0.004, 0.002, 2e-7)
 
 
-def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "sglang") -> dict:
+def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "sglang", gemm: str = "native") -> dict:
     """verify_attention: which attention code runs verify forwards ("sglang" or "chain-sdpa"); it changes the
-    verify cost several-fold on a CPU, so a cost model profiled with one must not be reused for the other."""
+    verify cost several-fold on a CPU, so a cost model profiled with one must not be reused for the other. gemm:
+    cpu_gemm.engine_gemm_kind(), named in the key only when it is not SGLang's own (older caches stay valid)."""
     import sglang
 
     key = {"model": os.path.abspath(model_path) if os.path.exists(model_path) else model_path,
@@ -35,6 +36,8 @@ def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "
            "verify_attention": verify_attention}
     if str(device) == "cpu":
         key["cpu"] = cpu_identity()
+    if gemm != "native":
+        key["gemm"] = gemm
     return key
 
 

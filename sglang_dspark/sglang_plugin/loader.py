@@ -41,9 +41,10 @@ def load() -> None:
     HookRegistry.register(
         "sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND
     )
-    from sglang_dspark.sglang_plugin import api_hooks, request_params
+    from sglang_dspark.sglang_plugin import api_hooks, cpu_gemm, request_params
     from sglang_dspark.sglang_plugin.registration import register_algorithm
 
     api_hooks.register(HookRegistry, HookType)
     request_params.register(HookRegistry, HookType)
+    cpu_gemm.register(HookRegistry, HookType)
     register_algorithm()

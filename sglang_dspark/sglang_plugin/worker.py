@@ -30,6 +30,7 @@ from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMoni
 from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
+from sglang_dspark.sglang_plugin import cpu_gemm
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key, verify_attention_kind
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
@@ -97,7 +98,7 @@ class DSparkExtWorker(BaseSpecWorker):
         sa = server_args
         attention = verify_attention_kind(getattr(sa, "attention_backend", None), self.options.chain_verify_attention)
         self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device,
-                                               attention),
+                                               attention, cpu_gemm.engine_gemm_kind()),
                                       self.options.cost_model_path, self.options.profile_cost_model)
         self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)

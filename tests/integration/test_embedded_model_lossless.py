@@ -7,7 +7,8 @@ bfloat16: exact identity is not guaranteed (verifying a chain in one EXTEND forw
 decode steps; SGLang's own NGRAM diverges here too). What must hold: every divergence starts at a near-tie of the
 target, i.e. where the no-speculation run's top-2 log-probability margin at that position is below NEAR_TIE_NATS,
 and the token it took instead is one of the candidates within that bound of the winner.
-The divergence rate is printed and written to <log_dir>/bf16_divergence.json.
+The divergence rate is printed and written to <log_dir>/bf16_divergence.json. The same bound holds for fp32
+GEMMs on wide calls (`--dspark-cpu-gemm on`, cpu_gemm.py) against SGLang's bf16 GEMMs.
 
 Both halves skip (with the reason) only when `make setup` has not installed the embedded model or the drafter.
 """
@@ -45,9 +46,9 @@ BF16_PROMPTS = FP32_PROMPTS + [
 ]
 
 
-def _args(dtype: str, spec: bool) -> list[str]:
+def _args(dtype: str, spec: bool, cpu_gemm: str = "auto") -> list[str]:
     args = ["--model-path", str(TARGET), "--dtype", dtype, "--max-total-tokens", "4096", "--skip-server-warmup",
-            "--attention-backend", "torch_native", "--device", "cpu"]
+            "--attention-backend", "torch_native", "--device", "cpu", "--dspark-cpu-gemm", cpu_gemm]
     if not spec:
         return args + ["--no-dspark"]
     return args + ["--speculative-algorithm", "DSPARK_EXT", "--speculative-draft-model-path", str(DRAFTER),
@@ -61,8 +62,8 @@ def _generate(server: Server, prompts: list[str], logprobs: bool) -> list[dict]:
     return post_json(server.url + "/generate", body)
 
 
-def _run(name: str, dtype: str, spec: bool, prompts: list[str], log_dir) -> list[dict]:
-    with Server(name, _args(dtype, spec), None, log_dir) as server:
+def _run(name: str, dtype: str, spec: bool, prompts: list[str], log_dir, cpu_gemm: str = "auto") -> list[dict]:
+    with Server(name, _args(dtype, spec, cpu_gemm), None, log_dir) as server:
         return _generate(server, prompts, logprobs=not spec)
 
 
@@ -71,10 +72,15 @@ def runs(log_dir) -> dict:
     missing = [p for p in (TARGET, DRAFTER) if not (p / "config.json").exists()]
     if missing:
         pytest.skip(f"not installed (run `make setup`): {', '.join(map(str, missing))}")
-    jobs = {"fp32_plain": ("float32", False, FP32_PROMPTS), "fp32_spec": ("float32", True, FP32_PROMPTS),
-            "bf16_plain": ("bfloat16", False, BF16_PROMPTS), "bf16_spec": ("bfloat16", True, BF16_PROMPTS)}
+    # bf16_plain is SGLang's own bf16 GEMMs (the reference); bf16_spec uses the default (auto) GEMMs of this CPU;
+    # bf16_plain_rows forces fp32 GEMMs for wide calls (cpu_gemm.py) whatever the CPU
+    jobs = {"fp32_plain": ("float32", False, FP32_PROMPTS, "auto"),
+            "fp32_spec": ("float32", True, FP32_PROMPTS, "auto"),
+            "bf16_plain": ("bfloat16", False, BF16_PROMPTS, "off"),
+            "bf16_spec": ("bfloat16", True, BF16_PROMPTS, "auto"),
+            "bf16_plain_rows": ("bfloat16", False, BF16_PROMPTS, "on")}
     with ThreadPoolExecutor(2) as pool:
-        futures = {n: pool.submit(_run, n, d, s, p, log_dir) for n, (d, s, p) in jobs.items()}
+        futures = {n: pool.submit(_run, n, d, s, p, log_dir, g) for n, (d, s, p, g) in jobs.items()}
         return {n: f.result() for n, f in futures.items()}
 
 
@@ -94,26 +100,45 @@ def test_fp32_greedy_identical_with_shipped_drafter(runs):
     assert verified > 0, "no draft was verified: the comparison did not exercise speculation"
 
 
-def test_bf16_divergences_start_at_near_ties(runs, log_dir):
-    spec, plain = runs["bf16_spec"], runs["bf16_plain"]
+def _near_tie_report(other: list[dict], plain: list[dict]) -> list[dict]:
+    """Per prompt: where `other` first leaves the no-spec bf16 reference, and the reference's near-ties there."""
     report = []
-    for i, (s, p) in enumerate(zip(spec, plain)):
+    for i, (s, p) in enumerate(zip(other, plain)):
         k = _first_divergence(s["output_ids"], p["output_ids"])
         entry = {"prompt": i, "diverges_at": k}
         if k is not None:
             top = p["meta_info"]["output_top_logprobs"][k]
             entry["margin_nats"] = float(top[0][0] - top[1][0])
             entry["spec_token"] = s["output_ids"][k]
-            # the no-spec candidates within the near-tie bound of its winner, as (token, nats below the winner)
+            # the reference's candidates within the near-tie bound of its winner, as (token, nats below the winner)
             entry["plain_near_ties"] = [(t[1], float(top[0][0] - t[0])) for t in top
                                         if top[0][0] - t[0] < NEAR_TIE_NATS]
         report.append(entry)
+    return report
+
+
+def _assert_near_ties(report: list[dict], out_path, label: str) -> None:
     diverged = [e for e in report if e["diverges_at"] is not None]
     summary = {"prompts": len(report), "diverged": len(diverged), "divergence_rate": len(diverged) / len(report),
                "near_tie_nats": NEAR_TIE_NATS, "per_prompt": report}
-    (log_dir / "bf16_divergence.json").write_text(json.dumps(summary, indent=2))
-    print("bf16 divergence", json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}), diverged)
+    out_path.write_text(json.dumps(summary, indent=2))
+    print(f"{label} divergence", json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}), diverged)
     for e in diverged:
         assert e["margin_nats"] < NEAR_TIE_NATS, f"divergence at a clear winner (not a near-tie): {e}"
-        # the speculative run picked another of the near-tied candidates, not an arbitrary token
+        # the other run picked another of the near-tied candidates, not an arbitrary token
         assert e["spec_token"] in [t for t, _ in e["plain_near_ties"]], e
+
+
+def test_bf16_divergences_start_at_near_ties(runs, log_dir):
+    _assert_near_ties(_near_tie_report(runs["bf16_spec"], runs["bf16_plain"]), log_dir / "bf16_divergence.json",
+                      "bf16 spec")
+
+
+def test_bf16_fp32_gemm_by_rows_diverges_only_at_near_ties(runs, log_dir):
+    """--dspark-cpu-gemm on (fp32 weight copies for wide GEMMs) against SGLang's bf16 GEMMs, no speculation:
+    rounding-level differences only. The server log must show the dispatch planned, or nothing was compared."""
+    log = (log_dir / "bf16_plain_rows.log").read_text()
+    assert "dspark cpu gemm: fp32 copies" in log, "row dispatch was not active in the forced-on server"
+    assert "dspark cpu gemm" not in (log_dir / "bf16_plain.log").read_text()
+    _assert_near_ties(_near_tie_report(runs["bf16_plain_rows"], runs["bf16_plain"]),
+                      log_dir / "bf16_rows_divergence.json", "bf16 fp32-gemm-by-rows")

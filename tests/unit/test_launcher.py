@@ -104,6 +104,8 @@ def test_bf16_on_a_cpu_without_native_bf16_gets_a_dtype_note(tmp_path):
     avx2 = {"fma", "avx", "avx2"}
     argv = ["--model-path", str(model)]
     note = ls.cpu_bf16_note(argv, avx2)
+    assert note and "fp32 copies" in note  # --dspark-cpu-gemm auto
+    note = ls.cpu_bf16_note(argv + ["--dspark-cpu-gemm", "off"], avx2)
     assert note and "--dtype float32" in note
     assert ls.cpu_bf16_note(argv, avx2 | {"avx512f", "avx512_bf16"}) is None  # native bf16 dot products
     assert ls.cpu_bf16_note(argv, avx2 | {"amx_bf16"}) is None

@@ -1,0 +1,259 @@
+"""bf16 serving on CPUs without bf16 dot products: narrow GEMMs on the bf16 weights, wide ones on fp32 copies.
+
+On a CPU without AVX512-BF16 / AMX (the AVX2-only EPYC of BENCHMARKS "A second machine type"), torch's bf16 GEMM
+costs in proportion to its rows: 8 rows of the embedded model's lm_head take 7.6x one row, 32 rows 30x. The fp32
+GEMM on the same (exactly upcast) weights reads twice the bytes, so it loses for one row, but it batches: 8 rows
+cost 3x one row. Which is cheaper depends on the row count, and it changes inside one server: plain decoding
+at concurrency 1 is one row per layer call, a verify pass or a batch of 8 requests is 8 or more, a prefill
+hundreds. So each GEMM shape gets a measured crossover row count, and every call takes the cheaper side.
+
+Numerics: the fp32 side multiplies the same bf16 values (upcast exactly) with fp32 accumulation and rounds the
+output to bf16, as torch's bf16 CPU GEMM also accumulates in fp32; outputs differ in summation order only, the
+same class of difference bf16 batch variance already has. float32 models are never touched.
+
+Memory: the fp32 copies cost twice the bf16 weights of every shape that has a crossover; the plan is refused
+(with a log line, SGLang's own path kept) when that would leave less than a quarter of available memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
+MODES = ("auto", "on", "off")
+FP32_ATTR = "_dspark_fp32_copy"
+ROW_DISPATCH = "bf16-fp32-by-rows"
+
+
+def wants_row_dispatch(mode: str, cpu_flags: set[str] | None) -> bool:
+    """auto: on when the CPU's flags are known and name no native bf16 dot product; on / off: as said."""
+    if mode not in MODES:
+        raise ValueError(f"--dspark-cpu-gemm must be one of {', '.join(MODES)}; got {mode!r}")
+    if mode != "auto":
+        return mode == "on"
+    return cpu_flags is not None and not any(f in cpu_flags for f in NATIVE_BF16_FLAGS)
+
+
+def _median_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_crossover(weight: torch.Tensor, weight_fp32: torch.Tensor, rows=CALIBRATION_ROWS, reps: int = 3,
+                      margin: float = 0.9) -> tuple[int | None, dict]:
+    """Smallest measured row count from which the fp32 GEMM (input upcast and output downcast included) beats
+    the bf16 one by `margin` at it and every larger measured count; None if it never does. Also the timings."""
+    timings = {}
+    wins = []
+    for r in rows:
+        x = torch.randn(r, weight.shape[1], dtype=weight.dtype)
+        t_bf16 = _median_ms(lambda: F.linear(x, weight), reps)
+        t_fp32 = _median_ms(lambda: F.linear(x.float(), weight_fp32).to(weight.dtype), reps)
+        timings[r] = dict(bf16_ms=round(t_bf16, 4), fp32_ms=round(t_fp32, 4))
+        wins.append(t_fp32 < margin * t_bf16)
+    crossover = None
+    for i in range(len(rows) - 1, -1, -1):
+        if not wins[i]:
+            break
+        crossover = rows[i]
+    return crossover, timings
+
+
+@dataclass
+class RowDtypeGemm:
+    """Per-shape crossovers and the dispatching linear. `crossovers[(out, in)]`: rows from which fp32 is used."""
+
+    crossovers: dict[tuple[int, int], int | None] = field(default_factory=dict)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        crossover = self.crossovers.get(tuple(weight.shape))
+        w32 = getattr(weight, FP32_ATTR, None)
+        if crossover is None or w32 is None or x.numel() < crossover * x.shape[-1]:
+            return F.linear(x, weight, bias)
+        b32 = None if bias is None else bias.float()
+        return F.linear(x.float(), w32, b32).to(x.dtype)
+
+    def attach(self, weights: list[torch.Tensor]) -> int:
+        """Give every weight whose shape has a crossover its fp32 copy; returns the bytes added."""
+        added = 0
+        for w in weights:
+            if self.crossovers.get(tuple(w.shape)) is not None and getattr(w, FP32_ATTR, None) is None:
+                copy = w.detach().float().contiguous()
+                setattr(w, FP32_ATTR, copy)
+                added += copy.numel() * copy.element_size()
+        return added
+
+
+def dispatchable(weight: torch.Tensor | None) -> bool:
+    return (isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.dtype == torch.bfloat16
+            and weight.device.type == "cpu")
+
+
+def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
+             available_bytes: int | None) -> tuple[RowDtypeGemm | None, str]:
+    """Measure (or read from the cache) each distinct shape's crossover, attach fp32 copies; (None, reason) when
+    there is nothing to gain or not enough memory."""
+    weights = [w for w in weights if dispatchable(w)]
+    shapes = sorted({tuple(w.shape) for w in weights})
+    if not shapes:
+        return None, "no bf16 CPU linear weights"
+    cache = _read_cache(cache_path, cpu_key)
+    crossovers, timings = {}, {}
+    for shape in shapes:
+        key = f"{shape[0]}x{shape[1]}"
+        if key in cache:
+            crossovers[shape] = cache[key]["crossover"]
+            continue
+        w = next(w for w in weights if tuple(w.shape) == shape)
+        crossovers[shape], timings[key] = measure_crossover(w, w.detach().float())
+        cache[key] = dict(crossover=crossovers[shape], timings=timings[key])
+    _write_cache(cache_path, cpu_key, cache)
+    if all(c is None for c in crossovers.values()):
+        return None, "bf16 GEMMs are the cheaper side at every measured row count"
+    unique = {w.data_ptr(): w for w in weights if crossovers[tuple(w.shape)] is not None}  # tied lm_head once
+    need = sum(w.numel() * 4 for w in unique.values())
+    if available_bytes is not None and need > 0.75 * available_bytes:
+        return None, f"fp32 copies need {need / 2**30:.1f} GiB of the {available_bytes / 2**30:.1f} GiB available"
+    gemm = RowDtypeGemm(crossovers)
+    added = gemm.attach(weights)
+    summary = ", ".join(f"{o}x{i}: {'never' if c is None else f'>= {c} rows'}" for (o, i), c in crossovers.items())
+    return gemm, f"fp32 copies {added / 2**30:.2f} GiB; fp32 GEMM from: {summary}"
+
+
+def _read_cache(path: str | None, cpu_key: str) -> dict:
+    if not path or not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data.get(cpu_key, {}) if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # a broken cache is re-measured, not fatal
+
+
+def _write_cache(path: str | None, cpu_key: str, entries: dict) -> None:
+    if not path:
+        return
+    try:
+        data = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                data = json.load(f)
+        data[cpu_key] = entries
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except (OSError, ValueError) as exc:
+        logger.warning("cpu gemm: could not write the crossover cache %s (%s)", path, exc)
+
+
+# ------------------------------------------------------------------------------------------ SGLang hooks
+
+_ACTIVE: RowDtypeGemm | None = None
+
+
+def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda: bool) -> str:
+    """What engine_gemm_kind() will say in the scheduler, as the launcher can tell before it starts (it cannot
+    tell a plan refused for memory, or one with no shape to gain)."""
+    if cuda or dtype not in ("bfloat16", "bf16") or not wants_row_dispatch(mode, cpu_flags):
+        return "native"
+    return ROW_DISPATCH
+
+
+def engine_gemm_kind() -> str:
+    """For the cost model's cache key: a verify pass costs differently with and without the dispatch."""
+    return ROW_DISPATCH if _ACTIVE is not None else "native"
+
+
+def _target_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Weights of the unquantized linear layers and the lm_head (tied or not)."""
+    out = []
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if type(method).__name__ == "UnquantizedLinearMethod" and not getattr(module, "use_intel_amx_backend", False):
+            out.append(getattr(module, "weight", None))
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None and not getattr(lm_head, "use_intel_amx_backend", False):
+        out.append(getattr(lm_head, "weight", None))
+    return [w for w in out if w is not None]
+
+
+def after_load_model(result, model_runner, *args, **kwargs):
+    """ModelRunner.load_model AFTER hook: plan the target's GEMMs when the options and the CPU ask for it."""
+    global _ACTIVE
+    from sglang_dspark.sglang_plugin import cost_profile
+    from sglang_dspark.sglang_plugin.options import DSparkOptions
+
+    model = getattr(model_runner, "model", None)
+    if model is None or str(getattr(model_runner, "device", "")) != "cpu":
+        return result
+    flags = cost_profile.cpuinfo_field("flags")  # "" where unknown: auto then stays off
+    if not wants_row_dispatch(DSparkOptions.current().cpu_gemm, set(flags.split()) if flags else None):
+        return result
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except ImportError:
+        available = None
+    gemm, reason = plan_for(_target_weights(model), str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"),
+                            cost_profile.cpu_identity(), available)
+    _ACTIVE = gemm
+    logger.info("dspark cpu gemm: %s", reason if gemm else f"off ({reason})")
+    return result
+
+
+def around_linear_apply(original, method, layer, x, bias=None, *args, **kwargs):
+    """UnquantizedLinearMethod.apply: the cheaper dtype for this call's row count."""
+    gemm = _ACTIVE
+    if gemm is None or args or kwargs or getattr(layer, "use_intel_amx_backend", False):
+        return original(method, layer, x, bias, *args, **kwargs)
+    weight = getattr(layer, "weight", None)
+    if weight is None or getattr(weight, FP32_ATTR, None) is None or x.dtype != weight.dtype:
+        return original(method, layer, x, bias)
+    return gemm.linear(x, weight, bias)
+
+
+def around_compute_lm_head(original, processor, hidden_states, lm_head, embedding_bias=None, **kwargs):
+    """LogitsProcessor._compute_lm_head: same as its plain-weight CPU branch, through the dispatching linear."""
+    gemm = _ACTIVE
+    weight = getattr(lm_head, "weight", None)
+    plain = (gemm is not None and weight is not None and getattr(weight, FP32_ATTR, None) is not None
+             and not hidden_states.is_cuda and not hasattr(lm_head, "set_lora")
+             and not getattr(processor, "use_fp32_lm_head", False)
+             and getattr(processor, "rl_on_policy_target", None) is None
+             and not getattr(lm_head, "use_intel_amx_backend", False))
+    if plain:
+        from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
+
+        plain = not should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
+    if not plain:
+        return original(processor, hidden_states, lm_head, embedding_bias, **kwargs)
+    return gemm.linear(hidden_states.to(weight.dtype), weight)
+
+
+def register(HookRegistry, HookType) -> None:
+    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.load_model", after_load_model,
+                          HookType.AFTER)
+    HookRegistry.register("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+                          around_linear_apply, HookType.AROUND)
+    HookRegistry.register("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+                          around_compute_lm_head, HookType.AROUND)

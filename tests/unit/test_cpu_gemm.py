@@ -1,0 +1,149 @@
+"""Row-count dtype dispatch for bf16 GEMMs on CPUs without native bf16 (sglang_plugin/cpu_gemm.py)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang_dspark.sglang_plugin import cpu_gemm
+from sglang_dspark.sglang_plugin.cpu_gemm import (FP32_ATTR, RowDtypeGemm, measure_crossover, plan_for,
+                                                  predicted_gemm_kind, wants_row_dispatch)
+
+AVX2 = {"sse2", "avx", "avx2", "fma"}
+
+
+def test_auto_mode_follows_the_cpu_flags():
+    assert wants_row_dispatch("auto", AVX2)
+    assert not wants_row_dispatch("auto", AVX2 | {"avx512f", "avx512_bf16"})
+    assert not wants_row_dispatch("auto", AVX2 | {"amx_bf16"})
+    assert not wants_row_dispatch("auto", None)  # flags unknown: leave SGLang's path alone
+    assert wants_row_dispatch("on", AVX2 | {"amx_bf16"}) and not wants_row_dispatch("off", AVX2)
+    with pytest.raises(ValueError, match="one of auto, on, off"):
+        wants_row_dispatch("fp32", AVX2)
+    assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=False) == cpu_gemm.ROW_DISPATCH
+    assert predicted_gemm_kind("auto", AVX2, "float32", cuda=False) == "native"
+    assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=True) == "native"
+
+
+def _weight(out_f=64, in_f=32, seed=0):
+    return torch.randn(out_f, in_f, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def test_linear_switches_side_at_the_crossover():
+    w = _weight()
+    gemm = RowDtypeGemm({(64, 32): 4})
+    assert gemm.attach([w, w]) == 64 * 32 * 4  # one copy per tensor, however often it is listed
+    w32 = getattr(w, FP32_ATTR)
+    assert w32.dtype == torch.float32 and torch.equal(w32, w.float())  # exact upcast
+    calls = []
+    setattr(w, FP32_ATTR, _Spy(w32, calls))
+    narrow = torch.randn(3, 32).bfloat16()
+    assert torch.equal(gemm.linear(narrow, w), F.linear(narrow, w)) and not calls
+    wide = torch.randn(2, 2, 32).bfloat16()  # 4 rows over two leading dims
+    out = gemm.linear(wide, w, torch.ones(64).bfloat16())
+    assert calls and out.dtype == torch.bfloat16 and out.shape == (2, 2, 64)
+    want = (wide.float() @ w.float().T + 1).bfloat16()
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+class _Spy(torch.Tensor):
+    """The fp32 copy, recording that the wide side read it."""
+
+    @staticmethod
+    def __new__(cls, data, calls):
+        t = torch.Tensor._make_subclass(cls, data)
+        t.calls = calls
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        for a in args:
+            if isinstance(a, _Spy):
+                a.calls.append(func.__name__)
+        args = tuple(a.as_subclass(torch.Tensor) if isinstance(a, _Spy) else a for a in args)
+        return func(*args, **(kwargs or {}))
+
+
+def test_shapes_without_a_crossover_get_no_copy():
+    w = _weight()
+    gemm = RowDtypeGemm({(64, 32): None})
+    assert gemm.attach([w]) == 0 and getattr(w, FP32_ATTR, None) is None
+    x = torch.randn(40, 32).bfloat16()
+    assert torch.equal(gemm.linear(x, w), F.linear(x, w))
+
+
+def test_measure_crossover_reads_the_timings(monkeypatch):
+    """fp32 cheaper from 8 rows on: crossover 8; an fp32 win at 2 rows followed by a loss does not count."""
+    fake = {1: (1.0, 2.0), 2: (2.0, 1.0), 4: (4.0, 5.0), 8: (8.0, 3.0), 16: (16.0, 4.0), 32: (32.0, 6.0)}
+    clock = iter(x for r in (1, 2, 4, 8, 16, 32) for x in fake[r])
+    monkeypatch.setattr(cpu_gemm, "_median_ms", lambda fn, reps: next(clock))
+    crossover, timings = measure_crossover(_weight(), _weight().float())
+    assert crossover == 8 and timings[8] == dict(bf16_ms=8.0, fp32_ms=3.0)
+    clock = iter([1.0, 2.0] * 6)
+    crossover, _ = measure_crossover(_weight(), _weight().float())
+    assert crossover is None
+
+
+def test_plan_caches_per_cpu_and_refuses_without_memory(tmp_path, monkeypatch):
+    measured = []
+
+    def fake_measure(w, w32):
+        measured.append(tuple(w.shape))
+        return (2 if w.shape[0] == 64 else None), {1: {}}
+
+    monkeypatch.setattr(cpu_gemm, "measure_crossover", fake_measure)
+    cache = tmp_path / "cpu_gemm.json"
+    w_a, w_b, w_f32 = _weight(64, 32), _weight(16, 32, 1), torch.randn(64, 32)
+    gemm, reason = plan_for([w_a, w_b, w_f32], str(cache), "cpu-A", available_bytes=None)
+    assert gemm is not None and gemm.crossovers == {(16, 32): None, (64, 32): 2}
+    assert sorted(measured) == [(16, 32), (64, 32)] and ">= 2 rows" in reason and "never" in reason
+    assert getattr(w_a, FP32_ATTR) is not None and getattr(w_b, FP32_ATTR, None) is None
+    measured.clear()
+    plan_for([_weight(64, 32)], str(cache), "cpu-A", available_bytes=None)
+    assert measured == []  # cached for this CPU
+    plan_for([_weight(64, 32)], str(cache), "cpu-B", available_bytes=None)
+    assert measured == [(64, 32)]  # another CPU measures again
+    gemm, reason = plan_for([_weight(64, 32)], str(cache), "cpu-A", available_bytes=1000)
+    assert gemm is None and "GiB available" in reason
+    cache.write_text("{not json")
+    assert plan_for([_weight(64, 32)], str(cache), "cpu-A", available_bytes=None)[0] is not None
+    assert plan_for([torch.randn(4, 4)], None, "cpu-A", None) == (None, "no bf16 CPU linear weights")
+
+
+def test_hook_targets_exist_in_the_installed_sglang():
+    import importlib
+
+    from sglang_dspark.sglang_plugin.cpu_gemm import register
+
+    targets = []
+    register(type("Registry", (), {"register": staticmethod(lambda t, fn, kind: targets.append(t))}),
+             type("HookType", (), {"AFTER": "after", "AROUND": "around"}))
+    assert len(targets) == 3
+    for target in targets:
+        module, cls, attr = target.rsplit(".", 2)
+        assert callable(getattr(getattr(importlib.import_module(module), cls), attr)), target
+
+
+def test_linear_hook_routes_only_planned_bf16_weights(monkeypatch):
+    w = _weight()
+    gemm = RowDtypeGemm({(64, 32): 2})
+    gemm.attach([w])
+    layer = type("Layer", (), {})()
+    layer.weight = w
+    original_calls = []
+
+    def original(method, layer, x, bias=None, *args, **kwargs):
+        original_calls.append(x.shape[0])
+        return F.linear(x, layer.weight.to(x.dtype), bias)
+
+    wide = torch.randn(5, 32).bfloat16()
+    monkeypatch.setattr(cpu_gemm, "_ACTIVE", None)
+    cpu_gemm.around_linear_apply(original, None, layer, wide)
+    assert original_calls == [5]  # no plan: SGLang's path
+    monkeypatch.setattr(cpu_gemm, "_ACTIVE", gemm)
+    out = cpu_gemm.around_linear_apply(original, None, layer, wide)
+    assert original_calls == [5] and torch.equal(out, (wide.float() @ w.float().T).bfloat16())
+    cpu_gemm.around_linear_apply(original, None, layer, wide.float())  # fp32 activations: not ours
+    layer.use_intel_amx_backend = True
+    cpu_gemm.around_linear_apply(original, None, layer, wide)
+    assert original_calls == [5, 5, 5]
+    assert cpu_gemm.engine_gemm_kind() == cpu_gemm.ROW_DISPATCH
