@@ -24,6 +24,18 @@ def device_or_skip(device: str, kernel) -> None:
         pytest.skip("no CUDA device (or the interpreter is forced on)")
 
 
+def cuda_flashinfer_or_skip() -> None:
+    """Skip (printing the reason) unless a CUDA device and an importable FlashInfer are both present."""
+    from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER
+
+    if not torch.cuda.is_available():
+        print("SKIP reason: no CUDA device")
+        pytest.skip("no CUDA device: FlashInfer ragged verify needs a GPU")
+    if not HAS_FLASHINFER:
+        print(f"SKIP reason: flashinfer not importable ({FLASHINFER_IMPORT_ERROR})")
+        pytest.skip(f"flashinfer not importable ({FLASHINFER_IMPORT_ERROR})")
+
+
 def chi2_critical(df: int, z: float = 3.09) -> float:
     """Wilson-Hilferty upper quantile of chi-square (z = 3.09: alpha = 1e-3)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3

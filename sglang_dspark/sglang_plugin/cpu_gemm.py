@@ -34,6 +34,7 @@ CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
 MODES = ("auto", "on", "off")
 FP32_ATTR = "_dspark_fp32_copy"
 ROW_DISPATCH = "bf16-fp32-by-rows"
+FORCED_CROSSOVER_ENV = "SGLANG_DSPARK_CPU_GEMM_CROSSOVER"  # tests: one crossover for every shape, nothing measured
 
 
 def wants_row_dispatch(mode: str, cpu_flags: set[str] | None) -> bool:
@@ -106,24 +107,29 @@ def dispatchable(weight: torch.Tensor | None) -> bool:
 
 
 def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
-             available_bytes: int | None) -> tuple[RowDtypeGemm | None, str]:
+             available_bytes: int | None, forced_crossover: int | None = None) -> tuple[RowDtypeGemm | None, str]:
     """Measure (or read from the cache) each distinct shape's crossover, attach fp32 copies; (None, reason) when
-    there is nothing to gain or not enough memory."""
+    there is nothing to gain or not enough memory. forced_crossover (tests: the same path on any CPU) skips the
+    measurement and the cache."""
     weights = [w for w in weights if dispatchable(w)]
     shapes = sorted({tuple(w.shape) for w in weights})
     if not shapes:
         return None, "no bf16 CPU linear weights"
-    cache = _read_cache(cache_path, cpu_key)
+    cache = {} if forced_crossover is not None else _read_cache(cache_path, cpu_key)
     crossovers, timings = {}, {}
     for shape in shapes:
         key = f"{shape[0]}x{shape[1]}"
+        if forced_crossover is not None:
+            crossovers[shape] = forced_crossover
+            continue
         if key in cache:
             crossovers[shape] = cache[key]["crossover"]
             continue
         w = next(w for w in weights if tuple(w.shape) == shape)
         crossovers[shape], timings[key] = measure_crossover(w, w.detach().float())
         cache[key] = dict(crossover=crossovers[shape], timings=timings[key])
-    _write_cache(cache_path, cpu_key, cache)
+    if forced_crossover is None:
+        _write_cache(cache_path, cpu_key, cache)
     if all(c is None for c in crossovers.values()):
         return None, "bf16 GEMMs are the cheaper side at every measured row count"
     unique = {w.data_ptr(): w for w in weights if crossovers[tuple(w.shape)] is not None}  # tied lm_head once
@@ -214,8 +220,9 @@ def after_load_model(result, model_runner, *args, **kwargs):
         available = psutil.virtual_memory().available
     except ImportError:
         available = None
+    forced = os.environ.get(FORCED_CROSSOVER_ENV)
     gemm, reason = plan_for(_target_weights(model), str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"),
-                            cost_profile.cpu_identity(), available)
+                            cost_profile.cpu_identity(), available, int(forced) if forced else None)
     _ACTIVE = gemm
     logger.info("dspark cpu gemm: %s", reason if gemm else f"off ({reason})")
     return result

@@ -63,7 +63,9 @@ def _generate(server: Server, prompts: list[str], logprobs: bool) -> list[dict]:
 
 
 def _run(name: str, dtype: str, spec: bool, prompts: list[str], log_dir, cpu_gemm: str = "auto") -> list[dict]:
-    with Server(name, _args(dtype, spec, cpu_gemm), None, log_dir) as server:
+    # forced on: fp32 from 2 rows for every shape on any CPU, so prefill and batched steps take the fp32 side
+    env = {"SGLANG_DSPARK_CPU_GEMM_CROSSOVER": "2"} if cpu_gemm == "on" else None
+    with Server(name, _args(dtype, spec, cpu_gemm), env, log_dir) as server:
         return _generate(server, prompts, logprobs=not spec)
 
 

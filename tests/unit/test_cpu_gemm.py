@@ -147,3 +147,10 @@ def test_linear_hook_routes_only_planned_bf16_weights(monkeypatch):
     cpu_gemm.around_linear_apply(original, None, layer, wide)
     assert original_calls == [5, 5, 5]
     assert cpu_gemm.engine_gemm_kind() == cpu_gemm.ROW_DISPATCH
+
+
+def test_forced_crossover_measures_and_caches_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "measure_crossover", lambda *a: pytest.fail("measured"))
+    cache = tmp_path / "cpu_gemm.json"
+    gemm, reason = plan_for([_weight(64, 32), _weight(16, 32, 1)], str(cache), "cpu-A", None, forced_crossover=2)
+    assert gemm.crossovers == {(16, 32): 2, (64, 32): 2} and not cache.exists()

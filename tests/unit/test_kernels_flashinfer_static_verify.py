@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the k
 
 from kernels import kv_indptr_from_lens, ragged_verify_attention_reference  # noqa: E402
 from kernels.flashinfer_static_verify import static_verify_layout  # noqa: E402
-from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER  # noqa: E402
+from tests.kernel_checks import cuda_flashinfer_or_skip  # noqa: E402
 
 
 def _live(chains, prefixes, page_size, H=4, Hkv=2, hd=16, num_pages=None, dtype=torch.float32, seed=0):
@@ -105,12 +105,7 @@ def test_static_layout_rejects_what_the_plan_cannot_cover():
 
 
 def test_flashinfer_static_plan_once_replays_ragged_steps():
-    if not torch.cuda.is_available():
-        print("SKIP reason: no CUDA device")
-        pytest.skip("no CUDA device: FlashInfer ragged verify needs a GPU")
-    if not HAS_FLASHINFER:
-        print(f"SKIP reason: flashinfer not importable ({FLASHINFER_IMPORT_ERROR})")
-        pytest.skip(f"flashinfer not importable ({FLASHINFER_IMPORT_ERROR})")
+    cuda_flashinfer_or_skip()
     from kernels.flashinfer_static_verify import FlashInferStaticVerify
 
     H, Hkv, hd, ps, slots, width, num_pages = 8, 2, 128, 16, 8, 8, 96

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the k
 
 from kernels import kv_indptr_from_lens, ragged_verify_attention_reference  # noqa: E402
 from kernels._rng import HAS_TRITON  # noqa: E402
-from tests.kernel_checks import device_or_skip  # noqa: E402
-from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER, pad_verify_layout  # noqa: E402
+from tests.kernel_checks import cuda_flashinfer_or_skip, device_or_skip  # noqa: E402
+from kernels.flashinfer_verify import pad_verify_layout  # noqa: E402
 
 _KERNEL = None
 if HAS_TRITON:
@@ -101,12 +101,7 @@ def test_pad_verify_layout_keeps_live_rows_and_fills_the_bucket():
 
 
 def test_flashinfer_cuda_graph_matches_reference():
-    if not torch.cuda.is_available():
-        print("SKIP reason: no CUDA device")
-        pytest.skip("no CUDA device: FlashInfer ragged verify needs a GPU")
-    if not HAS_FLASHINFER:
-        print(f"SKIP reason: flashinfer not importable ({FLASHINFER_IMPORT_ERROR})")
-        pytest.skip(f"flashinfer not importable ({FLASHINFER_IMPORT_ERROR})")
+    cuda_flashinfer_or_skip()
     from kernels import FlashInferRaggedVerify
 
     H, Hkv, hd, ps, slots, bucket_tokens = 8, 2, 128, 16, 8, 64
