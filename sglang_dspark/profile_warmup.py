@@ -24,6 +24,11 @@ PROMPTS = [
 LONG_PROMPT = "Here is a log of a long conversation about systems programming. " * 40 + "Summarize it."
 LEVELS = [(1, 2), (2, 4), (4, 8), (8, 8)]  # (concurrency, requests)
 MAX_TOKENS = 24
+# Logged when the load starts and when its last request has returned: benchmarks wait for the second line, since a
+# level that starts near the end of the budget runs on past it (bench/serve.py, wait_for_cost_model).
+STARTED_LINE = "DSpark cost profile load: started"
+DONE_LINE = "DSpark cost profile load: done"
+REQUEST_TIMEOUT_S = 300.0
 
 
 def _post(url: str, payload: dict, timeout: float) -> None:
@@ -49,6 +54,7 @@ def run_profile_load(base: str, budget_s: float = 60.0, startup_timeout_s: float
         return
     end = time.time() + budget_s
     total = sum(n for _, n in LEVELS)
+    tqdm.write(STARTED_LINE)
     bar = tqdm(total=total, desc="DSpark cost profile", unit="req")
     try:
         for conc, n in LEVELS:
@@ -58,12 +64,15 @@ def run_profile_load(base: str, budget_s: float = 60.0, startup_timeout_s: float
                          "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}}
                         for i in range(n)]
             with ThreadPoolExecutor(conc) as pool:
-                for _ in pool.map(lambda p: _post(base + "/generate", p, max(1.0, end - time.time())), payloads):
+                # requests run to the end (the budget is checked between levels): one abandoned by a client timeout
+                # would keep the server busy after DONE_LINE
+                for _ in pool.map(lambda p: _post(base + "/generate", p, REQUEST_TIMEOUT_S), payloads):
                     bar.update(1)
     except Exception as e:  # profiling is best-effort; the worker keeps refining online
         tqdm.write(f"DSpark cost profile load stopped early: {e}")
     finally:
         bar.close()
+        tqdm.write(DONE_LINE)
 
 
 def start_in_background(host: str, port: int, budget_s: float = 60.0) -> threading.Thread:

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from sglang_dspark.bench.load import run_load_sync
 from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, shown_path, update_section
+from sglang_dspark import profile_warmup
 from sglang_dspark.bench.server import ServerProcess
 
 DEFAULT_POLICIES = "none,ngram,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async"
@@ -38,7 +39,8 @@ TRACE_ENV = "SGLANG_DSPARK_TRACE_PATH"
 # Worker log lines (sglang_plugin/cost_profile.py) telling where its cost model came from.
 COST_SOURCE_LINE = re.compile(r"DSPARK_EXT cost model: (\S+)")
 COST_PROFILED_LINE = "DSPARK_EXT cost model profiled from"
-# launch_server drives a start-up profiling load for <= 60 s after /health (profile_warmup.py); measure after it.
+# launch_server drives a start-up profiling load for about 60 s after /health (profile_warmup.py); measure after it:
+# after its DONE_LINE where it logs one, else this long after /health.
 LAUNCHER_PROFILE_LOAD_S = 65.0
 # Settings that must match for old rows to be comparable with new ones (else: another --out, or --force).
 RUN_SETTINGS = ("max_tokens", "model", "drafter", "prompts")
@@ -179,7 +181,12 @@ def wait_for_cost_model(log_path: Path | None, healthy_at: float, drive, timeout
         if not profiling_allowed:
             return "prior"
         if COST_PROFILED_LINE in text:
-            time.sleep(max(0.0, healthy_at + LAUNCHER_PROFILE_LOAD_S - time.time()))
+            if profile_warmup.STARTED_LINE in text:  # its last level may run past the budget: wait for the end
+                while profile_warmup.DONE_LINE not in text and time.time() < deadline:
+                    time.sleep(poll_s)
+                    text = log_path.read_text(errors="replace")
+            else:
+                time.sleep(max(0.0, healthy_at + LAUNCHER_PROFILE_LOAD_S - time.time()))
             return "profiled"
         if time.time() > deadline:
             tqdm.write(f"serve: warning: cost profiling unfinished after {timeout_s:.0f}s; measuring anyway")

@@ -158,6 +158,20 @@ def test_wait_for_cost_model(tmp_path, monkeypatch):
     healthy_at = serve.time.time() - serve.LAUNCHER_PROFILE_LOAD_S - 1
     assert serve.wait_for_cost_model(log, healthy_at, drive, 600) == "profiled"
     assert len(drives) == 3
+    # the launcher's load is still in its last level when the fit is logged: wait for its done line
+    log = _log(tmp_path, "[x] DSPARK_EXT cost model: prior (coef=[])", serve.profile_warmup.STARTED_LINE,
+               "[y] DSPARK_EXT cost model profiled from 84 steps: coef=[]")
+    polls = []
+
+    def sleep(s):
+        polls.append(s)
+        if len(polls) == 4:
+            log.write_text(log.read_text() + serve.profile_warmup.DONE_LINE + "\n")
+
+    monkeypatch.setattr(serve.time, "sleep", sleep)
+    assert serve.wait_for_cost_model(log, serve.time.time(), never, 600) == "profiled"
+    assert len(polls) == 4
+    monkeypatch.setattr(serve.time, "sleep", lambda s: None)
     # never finishes: give up at the timeout instead of hanging
     stuck = _log(tmp_path, "[x] DSPARK_EXT cost model: prior (coef=[])")
     assert "unfinished" in serve.wait_for_cost_model(stuck, serve.time.time() - 700, lambda: None, 600)
