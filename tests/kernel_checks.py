@@ -36,6 +36,27 @@ def cuda_flashinfer_or_skip() -> None:
         pytest.skip(f"flashinfer not importable ({FLASHINFER_IMPORT_ERROR})")
 
 
+def ragged_layout(chain_lens, prefix_lens, H, Hkv, hd, page_size, dtype, device="cpu", seed=0, spare_pages=3,
+                  num_pages=None):
+    """Packed queries plus a shuffled paged (or flat, page_size 1) cache holding prefix + chain K/V:
+    [q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens] on `device`."""
+    from kernels import kv_indptr_from_lens
+
+    gen = torch.Generator().manual_seed(seed)
+    n = torch.tensor(chain_lens, dtype=torch.int32)
+    kv_lens = torch.tensor(prefix_lens, dtype=torch.int32) + n
+    qo = torch.zeros(len(n) + 1, dtype=torch.int32)
+    qo[1:] = torch.cumsum(n, 0)
+    kvp = kv_indptr_from_lens(kv_lens, page_size)
+    num_pages = num_pages or int(kvp[-1]) + spare_pages
+    indices = torch.randperm(num_pages, generator=gen)[: int(kvp[-1])].to(torch.int32)
+    shape = (num_pages, Hkv, hd) if page_size == 1 else (num_pages, page_size, Hkv, hd)
+    k = torch.randn(*shape, generator=gen).to(dtype)
+    v = torch.randn(*shape, generator=gen).to(dtype)
+    q = torch.randn(int(qo[-1]), H, hd, generator=gen).to(dtype)
+    return [x.to(device) for x in (q, k, v, qo, kvp, indices, kv_lens)]
+
+
 def chi2_critical(df: int, z: float = 3.09) -> float:
     """Wilson-Hilferty upper quantile of chi-square (z = 3.09: alpha = 1e-3)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3

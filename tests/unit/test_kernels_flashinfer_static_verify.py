@@ -17,24 +17,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the kernels/ package
 
-from kernels import kv_indptr_from_lens, ragged_verify_attention_reference  # noqa: E402
+from kernels import ragged_verify_attention_reference  # noqa: E402
 from kernels.flashinfer_static_verify import static_verify_layout  # noqa: E402
-from tests.kernel_checks import cuda_flashinfer_or_skip  # noqa: E402
+from tests.kernel_checks import cuda_flashinfer_or_skip, ragged_layout  # noqa: E402
 
 
 def _live(chains, prefixes, page_size, H=4, Hkv=2, hd=16, num_pages=None, dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    n = torch.tensor(chains, dtype=torch.int32)
-    lens = torch.tensor(prefixes, dtype=torch.int32) + n
-    qo = torch.zeros(len(n) + 1, dtype=torch.int32)
-    qo[1:] = torch.cumsum(n, 0)
-    kvp = kv_indptr_from_lens(lens, page_size)
-    num_pages = num_pages or int(kvp[-1]) + 4
-    pages = torch.randperm(num_pages, generator=gen)[: int(kvp[-1])].to(torch.int32)
-    k = torch.randn(num_pages, page_size, Hkv, hd, generator=gen).to(dtype)
-    v = torch.randn(num_pages, page_size, Hkv, hd, generator=gen).to(dtype)
-    q = torch.randn(int(qo[-1]), H, hd, generator=gen).to(dtype)
-    return q, k, v, qo, kvp, pages, lens
+    return ragged_layout(chains, prefixes, H, Hkv, hd, page_size, dtype, seed=seed, spare_pages=4,
+                         num_pages=num_pages)
 
 
 def _emulate_fa2_static(q_buf, k, v, qo_b, kvp_b, idx_b, last_b, width, page_size):

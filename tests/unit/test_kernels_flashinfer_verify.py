@@ -14,30 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the k
 
 from kernels import kv_indptr_from_lens, ragged_verify_attention_reference  # noqa: E402
 from kernels._rng import HAS_TRITON  # noqa: E402
-from tests.kernel_checks import cuda_flashinfer_or_skip, device_or_skip  # noqa: E402
+from tests.kernel_checks import cuda_flashinfer_or_skip, device_or_skip, ragged_layout  # noqa: E402
 from kernels.flashinfer_verify import pad_verify_layout  # noqa: E402
 
 _KERNEL = None
 if HAS_TRITON:
     from kernels import ragged_verify_attention_triton  # noqa: E402
     from kernels.flashinfer_verify import _ragged_verify_attn_kernel as _KERNEL  # noqa: E402
-
-
-def _layout(chain_lens, prefix_lens, H, Hkv, hd, page_size, dtype, device, seed=0, spare_pages=3):
-    """Packed queries plus a shuffled paged (or flat, page_size 1) cache holding prefix + chain K/V."""
-    gen = torch.Generator().manual_seed(seed)
-    n = torch.tensor(chain_lens, dtype=torch.int32)
-    kv_lens = torch.tensor(prefix_lens, dtype=torch.int32) + n
-    qo = torch.zeros(len(n) + 1, dtype=torch.int32)
-    qo[1:] = torch.cumsum(n, 0)
-    kvp = kv_indptr_from_lens(kv_lens, page_size)
-    num_pages = int(kvp[-1]) + spare_pages
-    indices = torch.randperm(num_pages, generator=gen)[: int(kvp[-1])].to(torch.int32)
-    shape = (num_pages, Hkv, hd) if page_size == 1 else (num_pages, page_size, Hkv, hd)
-    k = torch.randn(*shape, generator=gen).to(dtype)
-    v = torch.randn(*shape, generator=gen).to(dtype)
-    q = torch.randn(int(qo[-1]), H, hd, generator=gen).to(dtype)
-    return [x.to(device) for x in (q, k, v, qo, kvp, indices, kv_lens)]
 
 
 CASES = [  # chain lengths (anchor + drafts; 0 = padding slot), prefix lengths
@@ -53,7 +36,7 @@ CASES = [  # chain lengths (anchor + drafts; 0 = padding slot), prefix lengths
 def test_triton_matches_reference(device, case, page_size, dtype):
     device_or_skip(device, _KERNEL)
     chains, prefixes = CASES[case]
-    args = _layout(chains, prefixes, 4, 2, 32, page_size, dtype, device, seed=case)
+    args = ragged_layout(chains, prefixes, 4, 2, 32, page_size, dtype, device, seed=case)
     got = ragged_verify_attention_triton(*args)
     ref = ragged_verify_attention_reference(*args)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
@@ -62,7 +45,7 @@ def test_triton_matches_reference(device, case, page_size, dtype):
 
 def test_reference_matches_sdpa_with_explicit_mask():
     chains, prefixes = CASES[0]
-    q, k, v, qo, kvp, indices, kv_lens = _layout(chains, prefixes, 6, 2, 16, 4, torch.float32, "cpu", seed=3)
+    q, k, v, qo, kvp, indices, kv_lens = ragged_layout(chains, prefixes, 6, 2, 16, 4, torch.float32, "cpu", seed=3)
     out = ragged_verify_attention_reference(q, k, v, qo, kvp, indices, kv_lens)
     k_flat, v_flat = k.reshape(-1, 2, 16), v.reshape(-1, 2, 16)
     for r, (n, prefix) in enumerate(zip(chains, prefixes)):
@@ -83,7 +66,7 @@ def test_reference_matches_sdpa_with_explicit_mask():
 def test_pad_verify_layout_keeps_live_rows_and_fills_the_bucket():
     """The padding FlashInferRaggedVerify plans with must leave live rows' attention unchanged."""
     chains, prefixes, ps = [3, 1, 5], [6, 0, 17], 4
-    q, k, v, qo, kvp, indices, kv_lens = _layout(chains, prefixes, 4, 2, 16, ps, torch.float32, "cpu", seed=6)
+    q, k, v, qo, kvp, indices, kv_lens = ragged_layout(chains, prefixes, 4, 2, 16, ps, torch.float32, "cpu", seed=6)
     num_slots, num_tokens = 6, 24
     qo_p, kvp_p, idx_p, last_p, live_tokens = pad_verify_layout(qo, kvp, indices, kv_lens, num_slots, num_tokens, ps)
     assert live_tokens == 9 and int(qo_p[-1]) == num_tokens
@@ -106,7 +89,7 @@ def test_flashinfer_cuda_graph_matches_reference():
 
     H, Hkv, hd, ps, slots, bucket_tokens = 8, 2, 128, 16, 8, 64
     # capture on a full-bucket layout: FlashInfer fixes the maximum row count at the first plan
-    full = _layout([8] * slots, [40] * slots, H, Hkv, hd, ps, torch.bfloat16, "cuda", seed=0, spare_pages=64)
+    full = ragged_layout([8] * slots, [40] * slots, H, Hkv, hd, ps, torch.bfloat16, "cuda", seed=0, spare_pages=64)
     q, k, v, qo, kvp, indices, kv_lens = full
     fiv = FlashInferRaggedVerify(bucket_tokens, slots, max_pages=int(kvp[-1]) + slots + 64, num_qo_heads=H,
                                  num_kv_heads=Hkv, head_dim=hd, page_size=ps, dtype=torch.bfloat16)
@@ -139,7 +122,7 @@ def test_cuda_large_triton_matches_reference():
     device_or_skip("cuda", _KERNEL)
     chains = [8] * 32
     prefixes = [int(x) for x in torch.randint(1, 3000, (32,), generator=torch.Generator().manual_seed(0))]
-    args = _layout(chains, prefixes, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=4)
+    args = ragged_layout(chains, prefixes, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=4)
     got = ragged_verify_attention_triton(*args, max_qo_len=8)
     torch.testing.assert_close(got.float(), ragged_verify_attention_reference(*args).float(), rtol=2e-2,
                                atol=2e-2)
