@@ -122,9 +122,11 @@ def _resolved_dtype(argv: list[str], model: str | None) -> str:
 
 def cpu_bf16_note(argv: list[str], cpu_flags: set[str]) -> str | None:
     """A line for serving bf16 on a CPU without native bf16 math, where plain bf16 GEMMs do not batch."""
+    from sglang_dspark.sglang_plugin.cpu_gemm import wants_row_dispatch
+
     dtype = _resolved_dtype(argv, _flag_value(argv, "--model-path") or _flag_value(argv, "--model"))
-    if dtype not in ("bfloat16", "bf16") or not cpu_flags or cpu_flags & {"avx512_bf16", "amx_bf16"}:
-        return None
+    if dtype not in ("bfloat16", "bf16") or not wants_row_dispatch("auto", cpu_flags or None):
+        return None  # not bf16, flags unknown, or a CPU with native bf16 dot products
     if (_flag_value(argv, "--dspark-cpu-gemm") or "auto") != "off":
         return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX): GEMMs wide enough to gain "
                 "run on fp32 copies of the weights, from a row count measured per shape at start "

@@ -116,7 +116,7 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
     if not shapes:
         return None, "no bf16 CPU linear weights"
     cache = {} if forced_crossover is not None else _read_cache(cache_path, cpu_key)
-    crossovers, timings = {}, {}
+    crossovers = {}
     for shape in shapes:
         key = f"{shape[0]}x{shape[1]}"
         if forced_crossover is not None:
@@ -126,8 +126,8 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
             crossovers[shape] = cache[key]["crossover"]
             continue
         w = next(w for w in weights if tuple(w.shape) == shape)
-        crossovers[shape], timings[key] = measure_crossover(w, w.detach().float())
-        cache[key] = dict(crossover=crossovers[shape], timings=timings[key])
+        crossovers[shape], timings = measure_crossover(w, w.detach().float())
+        cache[key] = dict(crossover=crossovers[shape], timings=timings)
     if forced_crossover is None:
         _write_cache(cache_path, cpu_key, cache)
     if all(c is None for c in crossovers.values()):

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():  # choose the interpreter before triton decora
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the kernels/ package
 
-from kernels import kv_indptr_from_lens, ragged_verify_attention_reference  # noqa: E402
+from kernels import ragged_verify_attention_reference  # noqa: E402
 from kernels._rng import HAS_TRITON  # noqa: E402
 from tests.kernel_checks import cuda_flashinfer_or_skip, device_or_skip, ragged_layout  # noqa: E402
 from kernels.flashinfer_verify import pad_verify_layout  # noqa: E402
@@ -100,14 +100,10 @@ def test_flashinfer_cuda_graph_matches_reference():
 
     # live steps: fewer requests, ragged chains, other prefixes, same cache pages -> re-stage, replay
     for seed, chains, prefixes in ((1, [1, 8, 3, 5, 2], [3, 70, 16, 33, 0]), (2, [4, 4, 1], [120, 1, 47])):
-        gen = torch.Generator().manual_seed(seed)
-        n = torch.tensor(chains, dtype=torch.int32)
-        lens = torch.tensor(prefixes, dtype=torch.int32) + n
-        qo_l = torch.zeros(len(n) + 1, dtype=torch.int32)
-        qo_l[1:] = torch.cumsum(n, 0)
-        kvp_l = kv_indptr_from_lens(lens, ps)
-        pages = torch.randperm(k.shape[0], generator=gen)[: int(kvp_l[-1])].to(torch.int32).cuda()
-        q_l = torch.randn(int(qo_l[-1]), H, hd, generator=gen).to(torch.bfloat16).cuda()
+        # pages drawn over the captured cache (its own k / v are not used)
+        q_l, _, _, qo_l, kvp_l, pages, lens = ragged_layout(chains, prefixes, H, Hkv, hd, ps, torch.bfloat16,
+                                                             seed=seed, num_pages=k.shape[0])
+        q_l, pages = q_l.cuda(), pages.cuda()
         live = (q_l, k, v, qo_l.cuda(), kvp_l.cuda(), pages, lens.cuda())
         fiv.stage(qo_l, kvp_l, pages, lens)
         got = fiv.replay(q_l).clone()
