@@ -7,6 +7,11 @@ cost 3x one row. Which is cheaper depends on the row count, and it changes insid
 at concurrency 1 is one row per layer call, a verify pass or a batch of 8 requests is 8 or more, a prefill
 hundreds. So each GEMM shape gets a measured crossover row count, and every call takes the cheaper side.
 
+The narrow side is our small-M kernel (kernels/cpu_bf16_gemm.py) where it builds: it reads the bf16 weights once
+for all rows, so 8 rows cost ~2x one row instead of 7.6x, and it beats fp32 up to ~32 rows; fp32 copies are then
+kept only for shapes where fp32 still wins at some measured count (prefill widths). Without the kernel the narrow
+side is torch's own bf16 GEMM.
+
 Numerics: the fp32 side multiplies the same bf16 values (upcast exactly) with fp32 accumulation and rounds the
 output to bf16, as torch's bf16 CPU GEMM also accumulates in fp32; outputs differ in summation order only, the
 same class of difference bf16 batch variance already has. float32 models are never touched.
@@ -22,6 +27,7 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -31,9 +37,11 @@ logger = logging.getLogger(__name__)
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
+KERNEL_CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the kernel stays ahead of fp32 further out
 MODES = ("auto", "on", "off")
 FP32_ATTR = "_dspark_fp32_copy"
-ROW_DISPATCH = "bf16-fp32-by-rows"
+ROW_DISPATCH = "bf16-fp32-by-rows"  # narrow side: torch's bf16 GEMM
+KERNEL_DISPATCH = "bf16-smallm-by-rows"  # narrow side: kernels/cpu_bf16_gemm.py
 FORCED_CROSSOVER_ENV = "SGLANG_DSPARK_CPU_GEMM_CROSSOVER"  # tests: one crossover for every shape, nothing measured
 
 
@@ -57,14 +65,15 @@ def _median_ms(fn, reps: int) -> float:
 
 
 def measure_crossover(weight: torch.Tensor, weight_fp32: torch.Tensor, rows=CALIBRATION_ROWS, reps: int = 3,
-                      margin: float = 0.9) -> tuple[int | None, dict]:
+                      margin: float = 0.9, narrow=F.linear) -> tuple[int | None, dict]:
     """Smallest measured row count from which the fp32 GEMM (input upcast and output downcast included) beats
-    the bf16 one by `margin` at it and every larger measured count; None if it never does. Also the timings."""
+    the narrow bf16 one (`narrow(x, weight)`) by `margin` at it and every larger measured count; None if it never
+    does. Also the timings."""
     timings = {}
     wins = []
     for r in rows:
         x = torch.randn(r, weight.shape[1], dtype=weight.dtype)
-        t_bf16 = _median_ms(lambda: F.linear(x, weight), reps)
+        t_bf16 = _median_ms(lambda: narrow(x, weight), reps)
         t_fp32 = _median_ms(lambda: F.linear(x.float(), weight_fp32).to(weight.dtype), reps)
         timings[r] = dict(bf16_ms=round(t_bf16, 4), fp32_ms=round(t_fp32, 4))
         wins.append(t_fp32 < margin * t_bf16)
@@ -78,15 +87,21 @@ def measure_crossover(weight: torch.Tensor, weight_fp32: torch.Tensor, rows=CALI
 
 @dataclass
 class RowDtypeGemm:
-    """Per-shape crossovers and the dispatching linear. `crossovers[(out, in)]`: rows from which fp32 is used."""
+    """Per-shape crossovers and the dispatching linear. `crossovers[(out, in)]`: rows from which fp32 is used
+    (None: never); below it `narrow` (the small-M kernel, or torch's bf16 GEMM) runs on the bf16 weight."""
 
     crossovers: dict[tuple[int, int], int | None] = field(default_factory=dict)
+    narrow: Callable = F.linear
+    kind: str = ROW_DISPATCH
+
+    def handles(self, weight: torch.Tensor | None) -> bool:
+        return dispatchable(weight) and tuple(weight.shape) in self.crossovers
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         crossover = self.crossovers.get(tuple(weight.shape))
         w32 = getattr(weight, FP32_ATTR, None)
         if crossover is None or w32 is None or x.numel() < crossover * x.shape[-1]:
-            return F.linear(x, weight, bias)
+            return self.narrow(x, weight, bias)
         b32 = None if bias is None else bias.float()
         return F.linear(x.float(), w32, b32).to(x.dtype)
 
@@ -107,15 +122,20 @@ def dispatchable(weight: torch.Tensor | None) -> bool:
 
 
 def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
-             available_bytes: int | None, forced_crossover: int | None = None) -> tuple[RowDtypeGemm | None, str]:
+             available_bytes: int | None, forced_crossover: int | None = None,
+             narrow: Callable | None = None) -> tuple[RowDtypeGemm | None, str]:
     """Measure (or read from the cache) each distinct shape's crossover, attach fp32 copies; (None, reason) when
-    there is nothing to gain or not enough memory. forced_crossover (tests: the same path on any CPU) skips the
-    measurement and the cache."""
+    there is nothing to gain. narrow: the small-M kernel (None: torch's bf16 GEMM). With the kernel a plan with no
+    fp32 copy still gains, and one whose copies do not fit in memory runs without them. forced_crossover (tests:
+    the same path on any CPU) skips the measurement and the cache."""
     weights = [w for w in weights if dispatchable(w)]
     shapes = sorted({tuple(w.shape) for w in weights})
     if not shapes:
         return None, "no bf16 CPU linear weights"
-    cache = {} if forced_crossover is not None else _read_cache(cache_path, cpu_key)
+    kind, rows = (ROW_DISPATCH, CALIBRATION_ROWS) if narrow is None else (KERNEL_DISPATCH, KERNEL_CALIBRATION_ROWS)
+    narrow = narrow or F.linear
+    cache_key = cpu_key if kind == ROW_DISPATCH else f"{cpu_key}; {kind}"  # the aten entries keep their old key
+    cache = {} if forced_crossover is not None else _read_cache(cache_path, cache_key)
     crossovers = {}
     for shape in shapes:
         key = f"{shape[0]}x{shape[1]}"
@@ -126,20 +146,26 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
             crossovers[shape] = cache[key]["crossover"]
             continue
         w = next(w for w in weights if tuple(w.shape) == shape)
-        crossovers[shape], timings = measure_crossover(w, w.detach().float())
+        crossovers[shape], timings = measure_crossover(w, w.detach().float(), rows=rows, narrow=narrow)
         cache[key] = dict(crossover=crossovers[shape], timings=timings)
     if forced_crossover is None:
-        _write_cache(cache_path, cpu_key, cache)
-    if all(c is None for c in crossovers.values()):
+        _write_cache(cache_path, cache_key, cache)
+    if kind == ROW_DISPATCH and all(c is None for c in crossovers.values()):
         return None, "bf16 GEMMs are the cheaper side at every measured row count"
     unique = {w.data_ptr(): w for w in weights if crossovers[tuple(w.shape)] is not None}  # tied lm_head once
     need = sum(w.numel() * 4 for w in unique.values())
+    note = ""
     if available_bytes is not None and need > 0.75 * available_bytes:
-        return None, f"fp32 copies need {need / 2**30:.1f} GiB of the {available_bytes / 2**30:.1f} GiB available"
-    gemm = RowDtypeGemm(crossovers)
+        refusal = f"fp32 copies need {need / 2**30:.1f} GiB of the {available_bytes / 2**30:.1f} GiB available"
+        if kind == ROW_DISPATCH:
+            return None, refusal
+        crossovers = dict.fromkeys(crossovers)  # the kernel alone, at every width
+        note = f" ({refusal}: none kept)"
+    gemm = RowDtypeGemm(crossovers, narrow, kind)
     added = gemm.attach(weights)
     summary = ", ".join(f"{o}x{i}: {'never' if c is None else f'>= {c} rows'}" for (o, i), c in crossovers.items())
-    return gemm, f"fp32 copies {added / 2**30:.2f} GiB; fp32 GEMM from: {summary}"
+    side = "small-M kernel" if kind == KERNEL_DISPATCH else "torch bf16"
+    return gemm, f"{side} below the crossover; fp32 copies {added / 2**30:.2f} GiB{note}; fp32 GEMM from: {summary}"
 
 
 def _read_cache(path: str | None, cpu_key: str) -> dict:
@@ -176,17 +202,24 @@ def _write_cache(path: str | None, cpu_key: str, entries: dict) -> None:
 _ACTIVE: RowDtypeGemm | None = None
 
 
+def _kernel():
+    """The small-M kernel's linear, or None where it cannot be built here (the reason is logged once)."""
+    from kernels import cpu_bf16_gemm
+
+    return cpu_bf16_gemm.small_m_linear if cpu_bf16_gemm.available() else None
+
+
 def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda: bool) -> str:
     """What engine_gemm_kind() will say in the scheduler, as the launcher can tell before it starts (it cannot
     tell a plan refused for memory, or one with no shape to gain)."""
     if cuda or dtype not in ("bfloat16", "bf16") or not wants_row_dispatch(mode, cpu_flags):
         return "native"
-    return ROW_DISPATCH
+    return KERNEL_DISPATCH if _kernel() is not None else ROW_DISPATCH
 
 
 def engine_gemm_kind() -> str:
     """For the cost model's cache key: a verify pass costs differently with and without the dispatch."""
-    return ROW_DISPATCH if _ACTIVE is not None else "native"
+    return _ACTIVE.kind if _ACTIVE is not None else "native"
 
 
 def _target_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -222,7 +255,7 @@ def after_load_model(result, model_runner, *args, **kwargs):
         available = None
     forced = os.environ.get(FORCED_CROSSOVER_ENV)
     gemm, reason = plan_for(_target_weights(model), str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"),
-                            cost_profile.cpu_identity(), available, int(forced) if forced else None)
+                            cost_profile.cpu_identity(), available, int(forced) if forced else None, _kernel())
     _ACTIVE = gemm
     logger.info("dspark cpu gemm: %s", reason if gemm else f"off ({reason})")
     return result
@@ -234,7 +267,7 @@ def around_linear_apply(original, method, layer, x, bias=None, *args, **kwargs):
     if gemm is None or args or kwargs or getattr(layer, "use_intel_amx_backend", False):
         return original(method, layer, x, bias, *args, **kwargs)
     weight = getattr(layer, "weight", None)
-    if weight is None or getattr(weight, FP32_ATTR, None) is None or x.dtype != weight.dtype:
+    if not gemm.handles(weight) or x.dtype != weight.dtype:
         return original(method, layer, x, bias)
     return gemm.linear(x, weight, bias)
 
@@ -243,8 +276,7 @@ def around_compute_lm_head(original, processor, hidden_states, lm_head, embeddin
     """LogitsProcessor._compute_lm_head: same as its plain-weight CPU branch, through the dispatching linear."""
     gemm = _ACTIVE
     weight = getattr(lm_head, "weight", None)
-    plain = (gemm is not None and weight is not None and getattr(weight, FP32_ATTR, None) is not None
-             and not hidden_states.is_cuda and not hasattr(lm_head, "set_lora")
+    plain = (gemm is not None and gemm.handles(weight) and not hidden_states.is_cuda and not hasattr(lm_head, "set_lora")
              and not getattr(processor, "use_fp32_lm_head", False)
              and getattr(processor, "rl_on_policy_target", None) is None
              and not getattr(lm_head, "use_intel_amx_backend", False))

@@ -43,8 +43,8 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
     hf = model_config.hf_config
     check_drafter_fits(cfg, hf.hidden_size, hf.vocab_size, hf.num_hidden_layers)
     dtype = getattr(torch, options.draft_dtype) if options.draft_dtype else model_config.dtype
-    if not options.draft_dtype and cpu_gemm.engine_gemm_kind() == cpu_gemm.ROW_DISPATCH:
-        dtype = torch.float32  # every drafter GEMM is gamma rows or more: the fp32 side of the crossover
+    if not options.draft_dtype and cpu_gemm.engine_gemm_kind() != "native":
+        dtype = torch.float32  # no native bf16 dot products: the drafter's own GEMMs (gamma rows and up) on fp32
     inner = getattr(target_model, "model", target_model)
     embed = _weight(getattr(inner, "embed_tokens", None))
     lm_head = _weight(getattr(target_model, "lm_head", None))

@@ -19,7 +19,8 @@ def test_auto_mode_follows_the_cpu_flags():
     assert wants_row_dispatch("on", AVX2 | {"amx_bf16"}) and not wants_row_dispatch("off", AVX2)
     with pytest.raises(ValueError, match="one of auto, on, off"):
         wants_row_dispatch("fp32", AVX2)
-    assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=False) == cpu_gemm.ROW_DISPATCH
+    with_kernel = cpu_gemm.KERNEL_DISPATCH if cpu_gemm._kernel() is not None else cpu_gemm.ROW_DISPATCH
+    assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=False) == with_kernel
     assert predicted_gemm_kind("auto", AVX2, "float32", cuda=False) == "native"
     assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=True) == "native"
 
@@ -86,7 +87,7 @@ def test_measure_crossover_reads_the_timings(monkeypatch):
 def test_plan_caches_per_cpu_and_refuses_without_memory(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(w, w32):
+    def fake_measure(w, w32, **kwargs):
         measured.append(tuple(w.shape))
         return (2 if w.shape[0] == 64 else None), {1: {}}
 
@@ -150,7 +151,56 @@ def test_linear_hook_routes_only_planned_bf16_weights(monkeypatch):
 
 
 def test_forced_crossover_measures_and_caches_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(cpu_gemm, "measure_crossover", lambda *a: pytest.fail("measured"))
+    monkeypatch.setattr(cpu_gemm, "measure_crossover", lambda *a, **k: pytest.fail("measured"))
     cache = tmp_path / "cpu_gemm.json"
     gemm, reason = plan_for([_weight(64, 32), _weight(16, 32, 1)], str(cache), "cpu-A", None, forced_crossover=2)
     assert gemm.crossovers == {(16, 32): 2, (64, 32): 2} and not cache.exists()
+
+
+def _spy_narrow(calls):
+    def narrow(x, weight, bias=None):
+        calls.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return F.linear(x, weight, bias)
+    return narrow
+
+
+def test_kernel_plan_gains_without_copies_and_runs_without_them_when_memory_is_short(tmp_path, monkeypatch):
+    """With the small-M kernel as the narrow side, a plan where fp32 never wins still routes every call to the
+    kernel; a plan whose copies do not fit keeps the kernel and drops the copies, where the torch-bf16 narrow side
+    is refused outright. Its cache entries do not mix with the torch-bf16 ones."""
+    rows_seen = []
+
+    def fake_measure(w, w32, rows, narrow):
+        rows_seen.append(rows)
+        return (None if w.shape[0] == 16 else 32), {1: {}}
+
+    monkeypatch.setattr(cpu_gemm, "measure_crossover", fake_measure)
+    cache = tmp_path / "cpu_gemm.json"
+    calls = []
+    w_a, w_b = _weight(64, 32), _weight(16, 32, 1)
+    gemm, reason = plan_for([w_b], str(cache), "cpu-A", None, narrow=_spy_narrow(calls))
+    assert gemm is not None and gemm.kind == cpu_gemm.KERNEL_DISPATCH and gemm.crossovers == {(16, 32): None}
+    assert rows_seen == [cpu_gemm.KERNEL_CALIBRATION_ROWS] and "small-M kernel" in reason
+    x = torch.randn(40, 32).bfloat16()
+    assert torch.equal(gemm.linear(x, w_b), F.linear(x, w_b)) and calls == [40]
+    gemm, reason = plan_for([w_a], str(cache), "cpu-A", available_bytes=1000, narrow=_spy_narrow(calls))
+    assert gemm.crossovers == {(64, 32): None} and getattr(w_a, FP32_ATTR, None) is None
+    assert "none kept" in reason
+    rows_seen.clear()
+    gemm, _ = plan_for([_weight(64, 32)], str(cache), "cpu-A", None)  # torch-bf16 narrow side: not cached yet
+    assert rows_seen == [cpu_gemm.CALIBRATION_ROWS] and gemm.kind == cpu_gemm.ROW_DISPATCH
+
+
+def test_hooks_send_narrow_calls_of_planned_weights_to_the_kernel(monkeypatch):
+    w = _weight()
+    calls = []
+    gemm = RowDtypeGemm({(64, 32): 8}, _spy_narrow(calls), cpu_gemm.KERNEL_DISPATCH)
+    gemm.attach([w])
+    layer = type("Layer", (), {})()
+    layer.weight = w
+    monkeypatch.setattr(cpu_gemm, "_ACTIVE", gemm)
+    original = lambda *a, **k: pytest.fail("SGLang's path ran for a planned weight")  # noqa: E731
+    cpu_gemm.around_linear_apply(original, None, layer, torch.randn(3, 32).bfloat16())
+    cpu_gemm.around_linear_apply(original, None, layer, torch.randn(9, 32).bfloat16())  # fp32 copy
+    assert calls == [3]
+    assert cpu_gemm.engine_gemm_kind() == cpu_gemm.KERNEL_DISPATCH
