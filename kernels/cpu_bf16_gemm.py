@@ -37,6 +37,7 @@ DISABLE_ENV = "SGLANG_DSPARK_NO_CPU_KERNELS"  # any non-empty value: never build
 CACHE_DIR = Path(os.environ.get("SGLANG_DSPARK_CACHE", Path.home() / ".cache" / "sglang_dspark")) / "kernels"
 
 _loaded: tuple[object | None, str] | None = None  # (ctypes function or None, reason)
+_build_id = ""
 
 
 def _cpu_flags() -> set[str]:
@@ -69,7 +70,7 @@ def _compile(src: str, out: Path) -> None:
 
 def load() -> tuple[object | None, str]:
     """(the kernel's ctypes function, "") or (None, why not). Built and loaded once per process."""
-    global _loaded
+    global _loaded, _build_id
     if _loaded is not None:
         return _loaded
     fn, reason = None, ""
@@ -84,6 +85,7 @@ def load() -> tuple[object | None, str]:
             src = _source_text()
             digest = hashlib.sha256((src + " ".join(CFLAGS)).encode()).hexdigest()[:16]
             so_path = CACHE_DIR / f"bf16_small_m_gemm-{digest}.so"
+            _build_id = digest
             if not so_path.exists():
                 _compile(src, so_path)
             lib = ctypes.CDLL(str(so_path))
@@ -100,6 +102,12 @@ def load() -> tuple[object | None, str]:
 
 def available() -> bool:
     return load()[0] is not None
+
+
+def build_id() -> str:
+    """The loaded build's source-and-flags hash ("" when not loaded): timings measured with one build are not
+    reused for another."""
+    return _build_id if available() else ""
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

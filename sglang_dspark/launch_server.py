@@ -128,9 +128,9 @@ def cpu_bf16_note(argv: list[str], cpu_flags: set[str]) -> str | None:
     if dtype not in ("bfloat16", "bf16") or not wants_row_dispatch("auto", cpu_flags or None):
         return None  # not bf16, flags unknown, or a CPU with native bf16 dot products
     if (_flag_value(argv, "--dspark-cpu-gemm") or "auto") != "off":
-        return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX): GEMMs wide enough to gain "
-                "run on fp32 copies of the weights, from a row count measured per shape at start "
-                "(--dspark-cpu-gemm off keeps SGLang's bf16 GEMMs)")
+        return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX): decode and verify GEMMs run "
+                "our small-M bf16 kernel, and fp32 copies of the weights take over from a row count measured per "
+                "shape at start where they are faster (--dspark-cpu-gemm off keeps SGLang's bf16 GEMMs)")
     return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX), so batched bf16 decoding barely "
             "scales here; --dtype float32 served 1.7x the aggregate tok/s at 8 concurrent requests and 0.62x at 1 "
             "on a 2-core AVX2 EPYC (BENCHMARKS.md, ninth session)")

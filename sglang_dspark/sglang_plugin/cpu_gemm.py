@@ -8,7 +8,7 @@ at concurrency 1 is one row per layer call, a verify pass or a batch of 8 reques
 hundreds. So each GEMM shape gets a measured crossover row count, and every call takes the cheaper side.
 
 The narrow side is our small-M kernel (kernels/cpu_bf16_gemm.py) where it builds: it reads the bf16 weights once
-for all rows, so 8 rows cost ~2x one row instead of 7.6x, and it beats fp32 up to ~32 rows; fp32 copies are then
+for all rows, so 8 rows cost 2-4x one row instead of 7.6x, and it beats fp32 up to ~32 rows; fp32 copies are then
 kept only for shapes where fp32 still wins at some measured count (prefill widths). Without the kernel the narrow
 side is torch's own bf16 GEMM.
 
@@ -123,9 +123,10 @@ def dispatchable(weight: torch.Tensor | None) -> bool:
 
 def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
              available_bytes: int | None, forced_crossover: int | None = None,
-             narrow: Callable | None = None) -> tuple[RowDtypeGemm | None, str]:
+             narrow: Callable | None = None, narrow_id: str = "") -> tuple[RowDtypeGemm | None, str]:
     """Measure (or read from the cache) each distinct shape's crossover, attach fp32 copies; (None, reason) when
-    there is nothing to gain. narrow: the small-M kernel (None: torch's bf16 GEMM). With the kernel a plan with no
+    there is nothing to gain. narrow: the small-M kernel (None: torch's bf16 GEMM), narrow_id: its build, part of
+    the cache key (a rebuilt kernel is measured again). With the kernel a plan with no
     fp32 copy still gains, and one whose copies do not fit in memory runs without them. forced_crossover (tests:
     the same path on any CPU) skips the measurement and the cache."""
     weights = [w for w in weights if dispatchable(w)]
@@ -134,7 +135,7 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
         return None, "no bf16 CPU linear weights"
     kind, rows = (ROW_DISPATCH, CALIBRATION_ROWS) if narrow is None else (KERNEL_DISPATCH, KERNEL_CALIBRATION_ROWS)
     narrow = narrow or F.linear
-    cache_key = cpu_key if kind == ROW_DISPATCH else f"{cpu_key}; {kind}"  # the aten entries keep their old key
+    cache_key = cpu_key if kind == ROW_DISPATCH else f"{cpu_key}; {kind} {narrow_id}".rstrip()  # aten: old key
     cache = {} if forced_crossover is not None else _read_cache(cache_path, cache_key)
     crossovers = {}
     for shape in shapes:
@@ -209,6 +210,12 @@ def _kernel():
     return cpu_bf16_gemm.small_m_linear if cpu_bf16_gemm.available() else None
 
 
+def _kernel_id() -> str:
+    from kernels import cpu_bf16_gemm
+
+    return cpu_bf16_gemm.build_id()
+
+
 def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda: bool) -> str:
     """What engine_gemm_kind() will say in the scheduler, as the launcher can tell before it starts (it cannot
     tell a plan refused for memory, or one with no shape to gain)."""
@@ -255,7 +262,8 @@ def after_load_model(result, model_runner, *args, **kwargs):
         available = None
     forced = os.environ.get(FORCED_CROSSOVER_ENV)
     gemm, reason = plan_for(_target_weights(model), str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"),
-                            cost_profile.cpu_identity(), available, int(forced) if forced else None, _kernel())
+                            cost_profile.cpu_identity(), available, int(forced) if forced else None, _kernel(),
+                            _kernel_id())
     _ACTIVE = gemm
     logger.info("dspark cpu gemm: %s", reason if gemm else f"off ({reason})")
     return result

@@ -35,7 +35,7 @@ class DSparkOptions:
     # 0 (greedy drafts) is the default: verification stays exact for any draft distribution, and this drafter's
     # greedy drafts are accepted far more often at T = 1 than its T = 1 samples (BENCHMARKS.md, "Draft temperature").
     draft_temperature: float | None = 0.0
-    # bf16 on a CPU without native bf16 dot products: fp32 weight copies for GEMMs wide enough to gain (cpu_gemm.py)
+    # bf16 on a CPU without native bf16 dot products: small-M kernel, fp32 weight copies where wider (cpu_gemm.py)
     cpu_gemm: str = "auto"
 
     @classmethod
@@ -92,9 +92,10 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dspark-record-verify-lens", action="store_true",
                    help="Return the per-step verify lengths of each request in meta_info.")
     g.add_argument("--dspark-cpu-gemm", choices=("auto", "on", "off"), default=d.cpu_gemm,
-                   help="bf16 models on a CPU: run each GEMM on an fp32 copy of its weights from the row count where "
-                        "that is measured to be faster. auto (default): on CPUs without AVX512-BF16 / AMX. Applies "
-                        "with or without speculation.")
+                   help="bf16 models on a CPU: narrow GEMMs run our small-M bf16 kernel (torch's bf16 GEMM where it "
+                        "cannot be built), wider ones an fp32 copy of the weights from the row count where that is "
+                        "measured to be faster. auto (default): on CPUs without AVX512-BF16 / AMX. Applies with or "
+                        "without speculation.")
 
 
 def _draft_temperature(value: str) -> float | None:

@@ -204,3 +204,13 @@ def test_hooks_send_narrow_calls_of_planned_weights_to_the_kernel(monkeypatch):
     cpu_gemm.around_linear_apply(original, None, layer, torch.randn(9, 32).bfloat16())  # fp32 copy
     assert calls == [3]
     assert cpu_gemm.engine_gemm_kind() == cpu_gemm.KERNEL_DISPATCH
+
+
+def test_kernel_crossovers_are_cached_per_kernel_build(tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr(cpu_gemm, "measure_crossover",
+                        lambda w, w32, **k: (measured.append(1), (None, {1: {}}))[1])
+    cache = str(tmp_path / "cpu_gemm.json")
+    for build, expect in (("aaa", 1), ("aaa", 1), ("bbb", 2)):
+        plan_for([_weight()], cache, "cpu-A", None, narrow=F.linear, narrow_id=build)
+        assert len(measured) == expect
