@@ -2,7 +2,7 @@
 the inputs of `bench draft_cost`), and with --prof list its operators by self time and input shape. Unlike
 `bench draft_cost` it needs no target forward and writes nothing, so it can time any drafter copy.
 
-    python benchmarks/draft_pass_profile.py --batch 1 [--prof] [--drafter DIR]
+    python benchmarks/draft_pass_profile.py --batch 1 [--prof] [--drafter DIR] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--drafter", default=str(DEFAULT_DRAFTER_DIR))
     p.add_argument("--prof", action="store_true")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="float32: as the server runs it when --dspark-cpu-gemm is active")
     args = p.parse_args()
     embed, lm_head = load_target_shared_weights(str(DEFAULT_TARGET_DIR))
-    drafter = load_drafter(args.drafter, target_embed=embed, target_lm_head=lm_head, dtype=torch.bfloat16).eval()
-    inputs = draft_inputs(drafter.config, args.batch, args.context, torch.bfloat16)
+    dtype = getattr(torch, args.dtype)
+    drafter = load_drafter(args.drafter, target_embed=embed, target_lm_head=lm_head, dtype=dtype).eval()
+    inputs = draft_inputs(drafter.config, args.batch, args.context, dtype)
     seconds = median_time(lambda: drafter.propose(*inputs), args.repeats)
     print(f"batch {args.batch}: median {1000 * seconds:.2f} ms over {args.repeats} passes")
     if args.prof:

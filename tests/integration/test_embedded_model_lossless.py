@@ -137,10 +137,15 @@ def test_bf16_divergences_start_at_near_ties(runs, log_dir):
 
 
 def test_bf16_fp32_gemm_by_rows_diverges_only_at_near_ties(runs, log_dir):
-    """--dspark-cpu-gemm on (fp32 weight copies for wide GEMMs) against SGLang's bf16 GEMMs, no speculation:
-    rounding-level differences only. The server log must show the dispatch planned, or nothing was compared."""
+    """--dspark-cpu-gemm on (the small-M kernel for 1-row calls where it builds, fp32 weight copies from 2 rows)
+    against SGLang's bf16 GEMMs, no speculation: rounding-level differences only. The server log must show the
+    dispatch planned, with the kernel where this machine can build it, or nothing was compared."""
+    from kernels import cpu_bf16_gemm
+
     log = (log_dir / "bf16_plain_rows.log").read_text()
-    assert "dspark cpu gemm: fp32 copies" in log, "row dispatch was not active in the forced-on server"
+    assert "fp32 GEMM from:" in log, "row dispatch was not active in the forced-on server"
+    narrow = "small-M kernel below" if cpu_bf16_gemm.available() else "torch bf16 below"
+    assert narrow in log, f"the forced-on server's narrow side is not the expected one ({narrow!r})"
     assert "dspark cpu gemm" not in (log_dir / "bf16_plain.log").read_text()
     _assert_near_ties(_near_tie_report(runs["bf16_plain_rows"], runs["bf16_plain"]),
                       log_dir / "bf16_rows_divergence.json", "bf16 fp32-gemm-by-rows")
