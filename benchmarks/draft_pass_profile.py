@@ -8,8 +8,12 @@ the inputs of `bench draft_cost`), and with --prof list its operators by self ti
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's kernels/ package, not benchmarks/kernels.py
 
 from sglang_dspark.bench.draft_cost import draft_inputs, median_time
 from sglang_dspark.drafter.checkpoint import load_drafter
@@ -25,11 +29,18 @@ def main() -> None:
     p.add_argument("--drafter", default=str(DEFAULT_DRAFTER_DIR))
     p.add_argument("--prof", action="store_true")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                   help="float32: as the server runs it when --dspark-cpu-gemm is active")
+                   help="float32: as the server ran it with torch-bf16 as the --dspark-cpu-gemm narrow side")
+    p.add_argument("--kernel", action="store_true",
+                   help="bf16 drafter with its GEMMs on the small-M kernel plan (cpu_gemm.route_drafter), as the "
+                        "server runs it where the kernel builds")
     args = p.parse_args()
     embed, lm_head = load_target_shared_weights(str(DEFAULT_TARGET_DIR))
     dtype = getattr(torch, args.dtype)
     drafter = load_drafter(args.drafter, target_embed=embed, target_lm_head=lm_head, dtype=dtype).eval()
+    if args.kernel:
+        from sglang_dspark.sglang_plugin.cpu_gemm import route_drafter
+
+        print("drafter gemm:", route_drafter(drafter))
     inputs = draft_inputs(drafter.config, args.batch, args.context, dtype)
     seconds = median_time(lambda: drafter.propose(*inputs), args.repeats)
     print(f"batch {args.batch}: median {1000 * seconds:.2f} ms over {args.repeats} passes")

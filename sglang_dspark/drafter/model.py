@@ -126,6 +126,7 @@ class MarkovHead(nn.Module):
         self.rank = r
         self.markov_w1 = nn.Embedding(V, r)
         self.markov_w2 = nn.Linear(r, V, bias=False)
+        self.w2_linear = F.linear  # serving may route the correction GEMM to another implementation (cpu_gemm.py)
         if self.head_type == "gated":
             self.gate_proj = nn.Linear(d + r, r, bias=True)
         if self.head_type == "rnn":
@@ -150,7 +151,7 @@ class MarkovHead(nn.Module):
             z = torch.tanh(a_o)
         if w2_rows is None:
             w2_rows = self.markov_w2.weight if vocab is None else self.markov_w2.weight[vocab]
-        return F.linear(z, w2_rows), state
+        return self.w2_linear(z, w2_rows), state
 
     def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Whole blocks at once: h [..., B, d], prev [..., B] -> correction [..., B, V] (or [..., B, len(vocab)])."""
@@ -212,6 +213,7 @@ class DSparkDraftModel(nn.Module):
         self.draft_vocab: torch.Tensor | None = None  # reduced serving vocabulary (set_draft_vocab)
         self._draft_lm_head: torch.Tensor | None = None
         self._draft_w2: torch.Tensor | None = None
+        self.draft_lm_head_linear = F.linear  # serving may route the reduced lm_head to another GEMM (cpu_gemm.py)
         self.init_weights()
 
     def init_weights(self, std: float = 0.02) -> None:
@@ -304,7 +306,7 @@ class DSparkDraftModel(nn.Module):
         block_ids, block_pos = self.block_inputs(anchor, anchor_pos)
         h = self.backbone(block_ids, block_pos, ctx_k, ctx_v, ctx_valid)
         vocab = self.draft_vocab
-        base = (self.lm_head(h) if vocab is None else F.linear(h, self._draft_lm_head)).float()
+        base = (self.lm_head(h) if vocab is None else self.draft_lm_head_linear(h, self._draft_lm_head)).float()
         R, B, V = base.shape
         temperature = temperature.to(device=h.device, dtype=torch.float32)
         greedy = temperature < GREEDY_TEMPERATURE

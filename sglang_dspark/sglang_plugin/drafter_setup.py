@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -10,6 +11,9 @@ from sglang_dspark.drafter.checkpoint import load_drafter
 from sglang_dspark.drafter.config import DSparkConfig
 from sglang_dspark.drafter.sts import StsParams, load_sts_params
 from sglang_dspark.sglang_plugin import cpu_gemm
+
+
+logger = logging.getLogger(__name__)
 
 
 class DrafterMismatchError(ValueError):
@@ -43,8 +47,9 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
     hf = model_config.hf_config
     check_drafter_fits(cfg, hf.hidden_size, hf.vocab_size, hf.num_hidden_layers)
     dtype = getattr(torch, options.draft_dtype) if options.draft_dtype else model_config.dtype
-    if not options.draft_dtype and cpu_gemm.engine_gemm_kind() != "native":
-        dtype = torch.float32  # no native bf16 dot products: the drafter's own GEMMs (gamma rows and up) on fp32
+    gemm_kind = cpu_gemm.engine_gemm_kind()
+    if not options.draft_dtype and gemm_kind == cpu_gemm.ROW_DISPATCH:
+        dtype = torch.float32  # torch's bf16 GEMM costs per row: the drafter's gamma-row GEMMs go fp32
     inner = getattr(target_model, "model", target_model)
     embed = _weight(getattr(inner, "embed_tokens", None))
     lm_head = _weight(getattr(target_model, "lm_head", None))
@@ -56,9 +61,12 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
         lm_head = lm_head[: cfg.vocab_size]
     drafter = load_drafter(path, target_embed=embed, target_lm_head=lm_head, dtype=dtype, device=device,
                            draft_vocab=not options.full_draft_vocab)
+    if not options.draft_dtype and gemm_kind == cpu_gemm.KERNEL_DISPATCH:  # bf16 drafter on the small-M kernel
+        logger.info("dspark drafter gemm: %s", cpu_gemm.route_drafter(drafter))
     if options.sts_path:
         sts = load_sts_params(options.sts_path)
     else:  # the drafter's own sts.json, or None everywhere when it has none
         sts = StsParams(drafter.sts_temperatures, drafter.sts_temperatures_sampled, drafter.sts_biases,
                         drafter.sts_biases_sampled)
     return drafter, sts
+

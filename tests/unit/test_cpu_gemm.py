@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_dspark.sglang_plugin import cpu_gemm
+from sglang_dspark.sglang_plugin import cost_profile, cpu_gemm
 from sglang_dspark.sglang_plugin.cpu_gemm import (FP32_ATTR, RowDtypeGemm, measure_crossover, plan_for,
                                                   predicted_gemm_kind, wants_row_dispatch)
 
@@ -214,3 +214,31 @@ def test_kernel_crossovers_are_cached_per_kernel_build(tmp_path, monkeypatch):
     for build, expect in (("aaa", 1), ("aaa", 1), ("bbb", 2)):
         plan_for([_weight()], cache, "cpu-A", None, narrow=F.linear, narrow_id=build)
         assert len(measured) == expect
+
+
+def test_route_drafter_sends_every_draft_gemm_through_the_plan(tmp_path, monkeypatch):
+    """A bf16 drafter with a reduced vocabulary: its nn.Linear layers, the reduced lm_head and Markov W2 all go
+    through the plan's linear, and a greedy draft pass proposes what the unrouted drafter proposes (up to bf16
+    near-ties of the logits)."""
+    from tests.unit.test_drafter_model import context, make_model
+
+    calls = []
+    monkeypatch.setattr(cpu_gemm, "_kernel", lambda: _spy_narrow(calls))
+    monkeypatch.setattr(cpu_gemm, "_kernel_id", lambda: "test")
+    monkeypatch.setattr(cpu_gemm, "measure_crossover", lambda w, w32, **k: (None, {1: {}}))
+    monkeypatch.setattr(cost_profile, "CACHE_DIR", tmp_path / "cost_models")  # the crossover cache lives beside it
+    model = make_model(dtype=torch.bfloat16)
+    model.set_draft_vocab(torch.arange(0, 64, 2))
+    _, k, v = context(model)
+    args = (torch.tensor([3]), torch.tensor([10]), k.bfloat16(), v.bfloat16(), torch.ones(1, 10, dtype=torch.bool),
+            torch.zeros(1))
+    before = model.propose(*args)
+    assert calls == []
+    reason = cpu_gemm.route_drafter(model)
+    assert "small-M kernel" in reason
+    after = model.propose(*args)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert len(calls) > n_linear  # every module once at least, plus the reduced lm_head and the W2 steps
+    assert model.draft_lm_head_linear != F.linear and model.markov_head.w2_linear != F.linear
+    torch.testing.assert_close(after.logits, before.logits)  # the spy runs F.linear: same values
+    assert torch.equal(after.tokens, before.tokens)
