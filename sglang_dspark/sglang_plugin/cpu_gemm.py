@@ -217,6 +217,14 @@ def _kernel_id() -> str:
     return cpu_bf16_gemm.build_id()
 
 
+def _plan(weights: list[torch.Tensor], forced_crossover: int | None = None) -> tuple[RowDtypeGemm | None, str]:
+    """plan_for with this process's crossover cache, CPU, free memory and narrow side (the kernel where it builds)."""
+    from sglang_dspark.sglang_plugin import cost_profile
+
+    return plan_for(weights, str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"), cost_profile.cpu_identity(),
+                    available_memory(), forced_crossover, _kernel(), _kernel_id())
+
+
 def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda: bool) -> str:
     """What engine_gemm_kind() will say in the scheduler, as the launcher can tell before it starts (it cannot
     tell a plan refused for memory, or one with no shape to gain)."""
@@ -255,11 +263,8 @@ def after_load_model(result, model_runner, *args, **kwargs):
     flags = cost_profile.cpuinfo_field("flags")  # "" where unknown: auto then stays off
     if not wants_row_dispatch(DSparkOptions.current().cpu_gemm, set(flags.split()) if flags else None):
         return result
-    available = available_memory()
     forced = os.environ.get(FORCED_CROSSOVER_ENV)
-    gemm, reason = plan_for(_target_weights(model), str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"),
-                            cost_profile.cpu_identity(), available, int(forced) if forced else None, _kernel(),
-                            _kernel_id())
+    gemm, reason = _plan(_target_weights(model), int(forced) if forced else None)
     _ACTIVE = gemm
     logger.info("dspark cpu gemm: %s", reason if gemm else f"off ({reason})")
     return result
@@ -279,10 +284,7 @@ def route_drafter(drafter: torch.nn.Module) -> str:
     their own: the small-M kernel below each shape's crossover, fp32 copies above it. A draft pass is R x gamma
     rows, the kernel's range; an fp32 drafter spent 29 of its 44 ms per pass in the reduced lm_head alone.
     Returns the plan's log line; leaves the drafter as it is when there is no plan."""
-    from sglang_dspark.sglang_plugin import cost_profile
-
-    kernel = _kernel()
-    if kernel is None:
+    if _kernel() is None:
         return "off (no small-M kernel here)"
     linears = [m for m in drafter.modules() if type(m) is torch.nn.Linear]
     markov = getattr(drafter, "markov_head", None)
@@ -290,8 +292,7 @@ def route_drafter(drafter: torch.nn.Module) -> str:
     functional = {"draft_lm_head_linear": (drafter, getattr(drafter, "_draft_lm_head", None)),
                   "w2_linear": (markov, getattr(drafter, "_draft_w2", None))}
     weights = [m.weight for m in linears] + [w for _, w in functional.values() if w is not None]
-    gemm, reason = plan_for(weights, str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"),
-                            cost_profile.cpu_identity(), available_memory(), None, kernel, _kernel_id())
+    gemm, reason = _plan(weights)
     if gemm is None:
         return f"off ({reason})"
     for m in linears:
@@ -324,8 +325,8 @@ def around_compute_lm_head(original, processor, hidden_states, lm_head, embeddin
     """LogitsProcessor._compute_lm_head: same as its plain-weight CPU branch, through the dispatching linear."""
     gemm = _ACTIVE
     weight = getattr(lm_head, "weight", None)
-    plain = (gemm is not None and gemm.handles(weight) and not hidden_states.is_cuda and not hasattr(lm_head, "set_lora")
-             and not getattr(processor, "use_fp32_lm_head", False)
+    plain = (gemm is not None and gemm.handles(weight) and not hidden_states.is_cuda
+             and not hasattr(lm_head, "set_lora") and not getattr(processor, "use_fp32_lm_head", False)
              and getattr(processor, "rl_on_policy_target", None) is None
              and not getattr(lm_head, "use_intel_amx_backend", False))
     if plain:
