@@ -57,6 +57,8 @@ class WorkerCounters:
     accepted: int = 0
     requests_finished: int = 0
     plain_decode_steps: int = 0
+    grammar_forced: int = 0  # draft positions a request's grammar forced (certain drafts)
+    grammar_replaced: int = 0  # forbidden greedy drafts replaced by the drafter's best allowed token
     last_step_s: float | None = None
 
     def add(self, s: StepStats) -> None:

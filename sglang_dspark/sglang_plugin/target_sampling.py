@@ -22,7 +22,7 @@ def processed_logits(logits: torch.Tensor, si, rows: torch.Tensor) -> torch.Tens
                           bias=pick(si.logit_bias))
 
 
-def samples_plain_itself(si) -> bool:
+def samples_plain_itself(si, reqs) -> bool:
     """Whether a plain decode step draws its tokens with sample_plain instead of SGLang's sampler.
 
     SGLang's CPU sampler takes a softmax plus torch.multinomial over the full vocabulary, ~6 ms per request per
@@ -32,7 +32,8 @@ def samples_plain_itself(si) -> bool:
     distribution is not reproduced here."""
     if si.is_all_greedy:
         return False
-    if getattr(si, "grammars", None) or getattr(si, "has_custom_logit_processor", False):
+    # si.grammars is filled only inside the target forward (ForwardBatch.init_new): ask the requests
+    if any(getattr(r, "grammar", None) is not None for r in reqs) or getattr(si, "has_custom_logit_processor", False):
         return False
     if getattr(si, "sampling_seed", None) is not None or getattr(si, "has_watermark_candidates", False):
         return False
@@ -49,3 +50,25 @@ def sample_plain(logits: torch.Tensor, si) -> torch.Tensor:
     pick = sample_rows(support.probs)
     return pick if support.full_vocab else support.ids.gather(1, pick.view(-1, 1)).squeeze(1)
 
+
+
+def custom_processor_rows(si, bs: int) -> torch.Tensor | None:
+    """Bool[bs]: the requests with a custom logit processor (None when there are none)."""
+    if not getattr(si, "has_custom_logit_processor", False) or not si.custom_logit_processor:
+        return None
+    rows = torch.zeros(bs, dtype=torch.bool)
+    for entry in si.custom_logit_processor.values():
+        rows[list(entry.rows)] = True
+    return rows
+
+
+def apply_custom_processors(processed: torch.Tensor, verify_lens: torch.Tensor, si) -> None:
+    """Run SGLang's custom logit processors on each request's first verify row (its bonus row: such a request
+    verifies no drafts), in place, after penalties and the grammar mask, as SGLang's sampler orders them."""
+    from sglang.srt.layers.sampler import apply_custom_logit_processor
+
+    lens = verify_lens.to(torch.int64).cpu()
+    first = (torch.cumsum(lens + 1, 0) - (lens + 1)).to(processed.device)
+    rows = processed[first].float().contiguous()
+    apply_custom_logit_processor(rows, si)
+    processed[first] = rows.to(processed.dtype)

@@ -34,10 +34,12 @@ from sglang_dspark.sglang_plugin import cpu_gemm
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key, verify_attention_kind
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
+from sglang_dspark.sglang_plugin.grammar import GrammarDrafts, batch_grammars, mask_verify_rows, walk_drafts
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors, verify_caps
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
-from sglang_dspark.sglang_plugin.target_sampling import processed_logits, sample_plain, samples_plain_itself
+from sglang_dspark.sglang_plugin.target_sampling import (apply_custom_processors, custom_processor_rows,
+                                                         processed_logits, sample_plain, samples_plain_itself)
 from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
 from sglang_dspark.sglang_plugin.step_profile import StepProfiler, section
 from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
@@ -116,6 +118,7 @@ class DSparkExtWorker(BaseSpecWorker):
         trace_path = os.environ.get("SGLANG_DSPARK_TRACE_PATH")
         self.trace = StepTrace(trace_path) if trace_path else None
         self.step_index = 0
+        self._proposal = None  # the last draft pass's Proposal, for grammar walks (_draft_scores)
         self._chain_verify_checked = False
         self.profiler = StepProfiler.from_env()
         self.metrics = _create_metrics(server_args, self.gamma, self.options.controller)
@@ -186,6 +189,7 @@ class DSparkExtWorker(BaseSpecWorker):
         tokens = torch.zeros(bs, G, dtype=torch.int64, device=self.device)
         conf = torch.full((bs, G), -30.0, dtype=torch.float32, device=self.device)  # sigmoid -> ~0: verify none
         q = None
+        self._proposal = None
         if len(active):
             a = active.to(self.device)
             k, v, valid = self.context_pool.gather(self.req_to_token_pool.req_to_token,
@@ -200,6 +204,7 @@ class DSparkExtWorker(BaseSpecWorker):
                 raise DrafterFailure("non-finite drafter output")
             tokens[a] = prop.tokens[:, :G]
             conf[a] = prop.conf_logits[:, :G]
+            self._proposal = (prop, {int(r): n for n, r in enumerate(a.tolist())})
             if not all_greedy and bool((draft_temps[a] > 0).any()):  # only sampled drafts need q
                 rows = torch.full((bs,), -1, dtype=torch.int64, device=self.device)
                 rows[a] = torch.arange(len(a), device=self.device)
@@ -250,7 +255,8 @@ class DSparkExtWorker(BaseSpecWorker):
         for i in active.tolist():
             stats.drafted[i] = 1
         fast_path = self.options.plain_decode_fast_path and not self.costs.profiling
-        if fast_path and len(active) == 0:  # nobody is drafted for: nothing to ask the controller either
+        grammar_rows = batch_grammars(batch.reqs)
+        if fast_path and len(active) == 0 and not grammar_rows:  # nothing drafted, nothing forced: no controller
             return self._plain_decode(batch, state, anchors, committed, torch.zeros(bs, dtype=torch.int64), stats,
                                       None, None, None)
         prof = self.profiler is not None
@@ -265,6 +271,10 @@ class DSparkExtWorker(BaseSpecWorker):
             drafts = torch.zeros(bs, self.gamma, dtype=torch.int64, device=self.device)
             draft_dist, conf_logits = None, None
 
+        grammar = None
+        if grammar_rows:
+            drafts, conf_logits, grammar = self._walk_grammars(batch, drafts, conf_logits, active, draft_temps,
+                                                               fallback is None)
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits, sampled=sampled)
@@ -278,7 +288,7 @@ class DSparkExtWorker(BaseSpecWorker):
             policy = self.profile_policy if self.costs.profiling else self.policy
             verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
             verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
-            verify_lens = self._restrict(batch, verify_lens, caps)
+            verify_lens = self._restrict(batch, verify_lens, caps, grammar)
             if self.plain_gate is not None and not self.costs.profiling:
                 verify_lens = self.plain_gate.choose(verify_lens, conf, self.cost_model, int(committed.sum()))
             if ctx.min_user_tps is not None:  # whatever the policy: say when a floor is out of reach this step
@@ -314,6 +324,10 @@ class DSparkExtWorker(BaseSpecWorker):
             logits = model.logits_processor._get_logits(out.last_hidden_states, model.lm_head,
                                                         LogitsMetadata(forward_mode=ForwardMode.DECODE))
         processed = processed_logits(logits, si, rows)
+        if grammar is not None:
+            mask_verify_rows(processed, verify_lens, grammar)
+        if getattr(si, "has_custom_logit_processor", False):
+            apply_custom_processors(processed, verify_lens, si)
         with section("dspark.accept", prof):
             accept = self._accept(processed, rows, verify_lens, drafts, draft_dist, si)
         with section("dspark.context_write", prof):
@@ -367,7 +381,7 @@ class DSparkExtWorker(BaseSpecWorker):
         t0 = time.perf_counter()
         bs = len(anchors)
         slots, positions = rewrite_as_plain_decode(batch, self.req_to_token_pool.req_to_token, anchors, committed)
-        own_sampling = samples_plain_itself(batch.sampling_info)
+        own_sampling = samples_plain_itself(batch.sampling_info, batch.reqs)
         with section("dspark.plain_forward", self.profiler is not None):
             # is_verify: logits only, no SGLang sampling (we draw the token below when own_sampling)
             res = self.target_worker.forward_batch_generation(batch, is_verify=own_sampling,
@@ -448,18 +462,41 @@ class DSparkExtWorker(BaseSpecWorker):
         return drafting_pays(state.savings, lens, conf.cpu().float(), _mask(active, bs), plain_s, verify_s,
                              self.draft_cost(len(active)) / len(active))
 
-    def _restrict(self, batch, verify_lens: torch.Tensor, caps: torch.Tensor | None) -> torch.Tensor:
-        """Per-request caps (verify_caps: custom_params dspark_max_verify). A batch holding a request whose next-token
-        distribution we do not reproduce (grammar, custom logit processor) verifies nothing: even its bonus token
-        must come from SGLang's sampler, which only the plain decode step uses."""
-        si = batch.sampling_info
+    def _restrict(self, batch, verify_lens: torch.Tensor, caps: torch.Tensor | None,
+                  grammar: GrammarDrafts | None) -> torch.Tensor:
+        """Per-request caps: custom_params dspark_max_verify (verify_caps), the drafts a request's grammar lets
+        through (walk_drafts), and none for a request with a custom logit processor, whose distribution we
+        reproduce on its bonus row only (apply_custom_processors). Batch-mates keep their lengths."""
         if caps is not None:
             verify_lens = torch.where(caps >= 0, torch.minimum(verify_lens, caps), verify_lens)
-        if getattr(si, "grammars", None) or getattr(si, "has_custom_logit_processor", False):
-            if any(getattr(r, "grammar", None) is not None or getattr(r, "custom_logit_processor", None)
-                   for r in batch.reqs):
-                verify_lens = torch.zeros_like(verify_lens)
+        if grammar is not None:
+            verify_lens = torch.minimum(verify_lens, grammar.limits)
+        processor_rows = custom_processor_rows(batch.sampling_info, len(verify_lens))
+        if processor_rows is not None:
+            verify_lens = torch.where(processor_rows, torch.zeros_like(verify_lens), verify_lens)
         return verify_lens
+
+    def _walk_grammars(self, batch, drafts, conf_logits, active, draft_temps, drafted_ok: bool):
+        """Walk each grammar request's matcher along its draft (grammar.walk_drafts): forced tokens become certain
+        drafts, forbidden greedy drafts are replaced by the drafter's best allowed token. Runs on the host."""
+        bs = len(batch.reqs)
+        drafts_cpu = drafts.cpu().clone()
+        conf_cpu = (torch.full((bs, self.gamma), -30.0) if conf_logits is None else conf_logits.float().cpu().clone())
+        drafted = _mask(active, bs) if drafted_ok else torch.zeros(bs, dtype=torch.bool)
+        greedy_drafts = (draft_temps == 0).cpu()
+        plan = walk_drafts(batch.reqs, drafts_cpu, conf_cpu, drafted, greedy_drafts,
+                           batch.sampling_info.vocab_size, self._draft_scores if drafted_ok else None)
+        self.counters.grammar_forced += plan.forced
+        self.counters.grammar_replaced += plan.replaced
+        drafts = drafts_cpu.to(self.device)
+        if conf_logits is not None:
+            conf_logits = conf_cpu.to(conf_logits.device, conf_logits.dtype)
+        return drafts, conf_logits, plan
+
+    def _draft_scores(self, row: int, position: int):
+        """The drafter's logits at (batch row, draft position) and the token ids of their columns (None: all)."""
+        prop, index = self._proposal
+        return prop.logits[index[row], position], prop.vocab
 
     def _accept(self, processed, rows, verify_lens, drafts, draft_dist, si):
         """processed: target logits of the packed verify rows; draft_dist: None (greedy drafts only) or the
