@@ -113,6 +113,17 @@ PANELS = [
       (f"{rate('sglang:dspark_sla_unsatisfied_request_steps_total')} / "
        f"{rate('sglang:dspark_sla_floored_request_steps_total')}", "unmet share")],
      {"right_axis": ["unmet share"]}),
+    ("Structured outputs", "short",
+     "Request-steps per second under a grammar (JSON schema, regex, EBNF): they keep speculating, each against "
+     "its own grammar. Forced: draft positions where the grammar allowed one token (certain drafts). Replaced: "
+     "greedy drafts the grammar forbids, swapped for the drafter's best allowed token. Right axis: the share of "
+     "request-steps under a grammar.",
+     [(rate("sglang:dspark_grammar_request_steps_total"), "grammar request-steps/s"),
+      (rate("sglang:dspark_grammar_forced_drafts_total"), "forced drafts/s"),
+      (rate("sglang:dspark_grammar_replaced_drafts_total"), "replaced drafts/s"),
+      (f"{rate('sglang:dspark_grammar_request_steps_total')} / {rate('sglang:dspark_verify_steps_total')}",
+       "share under a grammar")],
+     {"right_axis": ["share under a grammar"]}),
     ("Draft and verify time per step", "s",
      "Mean drafter and target-verify time per decode step, and their p95.",
      [(f"{rate('sglang:dspark_draft_time_seconds_sum')} / {rate('sglang:dspark_draft_time_seconds_count')}",

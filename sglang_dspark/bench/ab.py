@@ -144,15 +144,18 @@ def run(args: argparse.Namespace) -> list[dict]:
                 n = per_round(concurrency, args.requests_per_round)
                 batch = [prompts[(k * n + i) % len(prompts)] for i in range(n)]
                 order = policies[k % len(policies):] + policies[:k % len(policies)]
-                tok_s, span = {}, {}
+                tok_s, span, tau = {}, {}, {}
                 for policy in order:
                     t0 = time.time()
                     res = run_load_sync(servers[policy].url, batch, concurrency, args.max_tokens,
                                         temperature=temperature, progress=False)
-                    tok_s[policy] = res.summary()["aggregate_tok_s"]
+                    summary = res.summary()
+                    tok_s[policy] = summary["aggregate_tok_s"]
+                    if summary.get("tau") is not None:
+                        tau[policy] = summary["tau"]
                     span[policy] = [round(t0, 3), round(time.time(), 3)]
                 rounds.append({"temperature": temperature, "concurrency": concurrency, "round": k,
-                               "order": order, "tok_s": tok_s, "span": span})
+                               "order": order, "tok_s": tok_s, "span": span, "tau": tau})
                 _save(out, {"settings": settings, "meta": meta, "rounds": rounds,
                             "rows": summarize(rounds, policies)})
                 bar.set_description(f"ab c={concurrency} T={temperature:g}")

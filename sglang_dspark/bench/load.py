@@ -54,7 +54,8 @@ class LoadResult:
 
 
 async def _one(client, model: str, dataset: str, prompt: str, max_tokens: int, temperature: float,
-               seed: int | None) -> RequestResult:
+               seed: int | None, fields: dict | None = None) -> RequestResult:
+    """fields: extra request fields of this prompt (e.g. response_format)."""
     t0 = time.perf_counter()
     ttft = None
     usage_tokens = None
@@ -65,6 +66,7 @@ async def _one(client, model: str, dataset: str, prompt: str, max_tokens: int, t
     stream = await client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
         temperature=temperature, stream=True, stream_options={"include_usage": True}, extra_body=extra,
+        **(fields or {}),
     )
     chunks = 0
     async for chunk in stream:
@@ -81,7 +83,7 @@ async def _one(client, model: str, dataset: str, prompt: str, max_tokens: int, t
     return RequestResult(dataset, usage_tokens if usage_tokens is not None else chunks, ttft or latency, latency, dspark)
 
 
-async def run_load(base_url: str, prompts: list[tuple[str, str]], concurrency: int, max_tokens: int,
+async def run_load(base_url: str, prompts: list[tuple], concurrency: int, max_tokens: int,
                    temperature: float = 0.0, model: str = "default", seed: int | None = 0,
                    progress: bool = True) -> LoadResult:
     from openai import AsyncOpenAI
@@ -96,11 +98,11 @@ async def run_load(base_url: str, prompts: list[tuple[str, str]], concurrency: i
     async def worker():
         while True:
             try:
-                i, (dataset, prompt) = queue.get_nowait()
+                i, (dataset, prompt, *fields) = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
             r = await _one(client, model, dataset, prompt, max_tokens, temperature,
-                           None if seed is None else seed + i)
+                           None if seed is None else seed + i, fields[0] if fields else None)
             results.append(r)
             bar.update(1)
 

@@ -20,6 +20,15 @@ def data_root() -> Path:
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    return [text for text, _ in load_requests(path, limit)]
+
+
+REQUEST_FIELDS = ("response_format",)  # per-prompt OpenAI request fields a JSONL row may carry
+
+
+def load_requests(path: str | Path, limit: int | None = None) -> list[tuple[str, dict]]:
+    """(first turn, extra request fields) per row; the extras are the row's REQUEST_FIELDS (e.g. a json_schema
+    response_format for structured-output workloads)."""
     path = Path(path)
     if not path.exists() and not path.is_absolute():
         path = data_root() / path
@@ -32,7 +41,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
             turns = row.get("turns")
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                 raise ValueError(f"{path}:{line_no}: expected {{\"turns\": [str, ...]}}")
-            out.append(turns[0])
+            out.append((turns[0], {k: row[k] for k in REQUEST_FIELDS if k in row}))
             if limit is not None and len(out) >= limit:
                 break
     return out

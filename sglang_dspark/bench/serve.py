@@ -120,11 +120,12 @@ def requests_for(concurrency: int, requests_per_level: int | None) -> int:
     return max(4, 2 * concurrency) if requests_per_level is None else requests_per_level
 
 
-def load_prompt_list(path: str | None, needed: int) -> list[tuple[str, str]]:
-    from sglang_dspark.bench.prompts import eval_mix, load_prompts
+def load_prompt_list(path: str | None, needed: int) -> list[tuple]:
+    """(dataset, prompt) pairs, or (dataset, prompt, extra request fields) for rows that carry some."""
+    from sglang_dspark.bench.prompts import eval_mix, load_requests
 
     if path:
-        prompts = [(Path(path).stem, p) for p in load_prompts(path)]
+        prompts = [(Path(path).stem, p, extra) if extra else (Path(path).stem, p) for p, extra in load_requests(path)]
     else:
         prompts = eval_mix((needed + 2) // 3)
     if not prompts:

@@ -48,6 +48,12 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
     "sla_floored_request_steps": ("counter", "Request-steps that carried an SLA tokens/s floor.", (), {}),
     "sla_unsatisfied_request_steps": ("counter", "Request-steps whose expected tokens/s stayed below their SLA floor "
                                       "(not enough capacity, or even l = gamma is too little).", (), {}),
+    "grammar_request_steps": ("counter", "Request-steps constrained by a grammar (structured outputs: JSON schema, "
+                              "regex, EBNF); they keep speculating.", (), {}),
+    "grammar_forced_drafts": ("counter", "Draft positions where the request's grammar allowed exactly one token: a "
+                              "certain draft.", (), {}),
+    "grammar_replaced_drafts": ("counter", "Greedy drafts the grammar forbids, replaced by the drafter's best allowed "
+                                "token.", (), {}),
     "accepted_by_position": ("counter", "Request-steps whose accepted drafts reach position p (1-based).",
                              ("position",), {}),
     "verified_by_position": ("counter", "Request-steps whose verify length reaches position p (1-based).",
@@ -163,7 +169,8 @@ class DSparkMetrics:
             self._m("fallbacks", reason=reason)
         for short in ("verify_steps", "draft_steps", "batch_steps", "drafted_tokens", "verified_tokens",
                       "accepted_tokens", "wasted_verify_tokens", "bonus_tokens", "plain_decode_steps",
-                      "sla_floored_request_steps", "sla_unsatisfied_request_steps"):
+                      "sla_floored_request_steps", "sla_unsatisfied_request_steps", "grammar_request_steps",
+                      "grammar_forced_drafts", "grammar_replaced_drafts"):
             self._m(short)
 
     def observe_step(self, stats, *, budget_tokens: int, capacity_tokens: int, running: int,
@@ -191,6 +198,9 @@ class DSparkMetrics:
             self._m("plain_decode_steps").inc()
         self._m("sla_floored_request_steps").inc(getattr(stats, "sla_floored", 0))
         self._m("sla_unsatisfied_request_steps").inc(getattr(stats, "sla_unsatisfied", 0))
+        self._m("grammar_request_steps").inc(getattr(stats, "grammar_requests", 0))
+        self._m("grammar_forced_drafts").inc(getattr(stats, "grammar_forced", 0))
+        self._m("grammar_replaced_drafts").inc(getattr(stats, "grammar_replaced", 0))
         verify_counts, accept_counts = Counter(verify), Counter(accept)
         _observe_counts(self._m("verify_length"), verify_counts)
         _observe_counts(self._m("accept_length"), accept_counts)

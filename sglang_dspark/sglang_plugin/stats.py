@@ -20,6 +20,9 @@ class StepStats:
     plain_decode: bool = False  # the step ran as SGLang's plain decode (nothing verified anywhere)
     sla_floored: int = 0  # requests with an SLA floor this step
     sla_unsatisfied: int = 0  # of those, requests whose expected tokens/s stays below the floor
+    grammar_requests: int = 0  # requests whose next tokens a grammar constrains (structured outputs)
+    grammar_forced: int = 0  # draft positions where their grammar allowed one token (certain drafts)
+    grammar_replaced: int = 0  # forbidden greedy drafts replaced by the drafter's best allowed token
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()
@@ -57,8 +60,6 @@ class WorkerCounters:
     accepted: int = 0
     requests_finished: int = 0
     plain_decode_steps: int = 0
-    grammar_forced: int = 0  # draft positions a request's grammar forced (certain drafts)
-    grammar_replaced: int = 0  # forbidden greedy drafts replaced by the drafter's best allowed token
     last_step_s: float | None = None
 
     def add(self, s: StepStats) -> None:

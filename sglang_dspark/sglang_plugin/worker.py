@@ -275,6 +275,8 @@ class DSparkExtWorker(BaseSpecWorker):
         if grammar_rows:
             drafts, conf_logits, grammar = self._walk_grammars(batch, drafts, conf_logits, active, draft_temps,
                                                                fallback is None)
+            stats.grammar_requests, stats.grammar_forced = len(grammar_rows), grammar.forced
+            stats.grammar_replaced = grammar.replaced
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits, sampled=sampled)
@@ -486,8 +488,6 @@ class DSparkExtWorker(BaseSpecWorker):
         greedy_drafts = (draft_temps == 0).cpu()
         plan = walk_drafts(batch.reqs, drafts_cpu, conf_cpu, drafted, greedy_drafts,
                            batch.sampling_info.vocab_size, self._draft_scores if drafted_ok else None)
-        self.counters.grammar_forced += plan.forced
-        self.counters.grammar_replaced += plan.replaced
         drafts = drafts_cpu.to(self.device)
         if conf_logits is not None:
             conf_logits = conf_cpu.to(conf_logits.device, conf_logits.dtype)
