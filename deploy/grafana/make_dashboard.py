@@ -116,11 +116,13 @@ PANELS = [
     ("Structured outputs", "short",
      "Request-steps per second under a grammar (JSON schema, regex, EBNF): they keep speculating, each against "
      "its own grammar. Forced: draft positions where the grammar allowed one token (certain drafts). Replaced: "
-     "greedy drafts the grammar forbids, swapped for the drafter's best allowed token. Right axis: the share of "
+     "greedy drafts the grammar forbids, swapped for the drafter's best allowed token. Copied: drafts taken from "
+     "the grammar's jump-forward text or the request's own prompt / output. Right axis: the share of "
      "request-steps under a grammar.",
      [(rate("sglang:dspark_grammar_request_steps_total"), "grammar request-steps/s"),
       (rate("sglang:dspark_grammar_forced_drafts_total"), "forced drafts/s"),
       (rate("sglang:dspark_grammar_replaced_drafts_total"), "replaced drafts/s"),
+      (rate("sglang:dspark_grammar_copied_drafts_total"), "copied drafts/s (jump-forward, lookup)"),
       (f"{rate('sglang:dspark_grammar_request_steps_total')} / {rate('sglang:dspark_verify_steps_total')}",
        "share under a grammar")],
      {"right_axis": ["share under a grammar"]}),

@@ -54,6 +54,8 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
                               "certain draft.", (), {}),
     "grammar_replaced_drafts": ("counter", "Greedy drafts the grammar forbids, replaced by the drafter's best allowed "
                                 "token.", (), {}),
+    "grammar_copied_drafts": ("counter", "Draft positions of grammar requests copied from the grammar's jump-forward "
+                              "text or from the request's prompt / output (lookup).", (), {}),
     "accepted_by_position": ("counter", "Request-steps whose accepted drafts reach position p (1-based).",
                              ("position",), {}),
     "verified_by_position": ("counter", "Request-steps whose verify length reaches position p (1-based).",
@@ -170,7 +172,7 @@ class DSparkMetrics:
         for short in ("verify_steps", "draft_steps", "batch_steps", "drafted_tokens", "verified_tokens",
                       "accepted_tokens", "wasted_verify_tokens", "bonus_tokens", "plain_decode_steps",
                       "sla_floored_request_steps", "sla_unsatisfied_request_steps", "grammar_request_steps",
-                      "grammar_forced_drafts", "grammar_replaced_drafts"):
+                      "grammar_forced_drafts", "grammar_replaced_drafts", "grammar_copied_drafts"):
             self._m(short)
 
     def observe_step(self, stats, *, budget_tokens: int, capacity_tokens: int, running: int,
@@ -201,6 +203,7 @@ class DSparkMetrics:
         self._m("grammar_request_steps").inc(getattr(stats, "grammar_requests", 0))
         self._m("grammar_forced_drafts").inc(getattr(stats, "grammar_forced", 0))
         self._m("grammar_replaced_drafts").inc(getattr(stats, "grammar_replaced", 0))
+        self._m("grammar_copied_drafts").inc(getattr(stats, "grammar_copied", 0))
         verify_counts, accept_counts = Counter(verify), Counter(accept)
         _observe_counts(self._m("verify_length"), verify_counts)
         _observe_counts(self._m("accept_length"), accept_counts)

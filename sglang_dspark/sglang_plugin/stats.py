@@ -23,6 +23,7 @@ class StepStats:
     grammar_requests: int = 0  # requests whose next tokens a grammar constrains (structured outputs)
     grammar_forced: int = 0  # draft positions where their grammar allowed one token (certain drafts)
     grammar_replaced: int = 0  # forbidden greedy drafts replaced by the drafter's best allowed token
+    grammar_copied: int = 0  # draft positions copied from the grammar's jump-forward text or prompt/output lookup
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()

@@ -34,7 +34,8 @@ from sglang_dspark.sglang_plugin import cpu_gemm
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
 from sglang_dspark.sglang_plugin.cost_profile import CostModelManager, cost_key, verify_attention_kind
 from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
-from sglang_dspark.sglang_plugin.grammar import GrammarDrafts, batch_grammars, mask_verify_rows, walk_drafts
+from sglang_dspark.sglang_plugin.grammar import (CopySources, GrammarDrafts, batch_grammars, mask_verify_rows,
+                                                 walk_drafts)
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors, verify_caps
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
@@ -119,6 +120,7 @@ class DSparkExtWorker(BaseSpecWorker):
         self.trace = StepTrace(trace_path) if trace_path else None
         self.step_index = 0
         self._proposal = None  # the last draft pass's Proposal, for grammar walks (_draft_scores)
+        self._hf_tokenizer = None  # loaded on the first grammar step (_tokenizer)
         self._chain_verify_checked = False
         self.profiler = StepProfiler.from_env()
         self.metrics = _create_metrics(server_args, self.gamma, self.options.controller)
@@ -276,7 +278,7 @@ class DSparkExtWorker(BaseSpecWorker):
             drafts, conf_logits, grammar = self._walk_grammars(batch, drafts, conf_logits, active, draft_temps,
                                                                fallback is None)
             stats.grammar_requests, stats.grammar_forced = len(grammar_rows), grammar.forced
-            stats.grammar_replaced = grammar.replaced
+            stats.grammar_replaced, stats.grammar_copied = grammar.replaced, grammar.jump + grammar.lookup
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits, sampled=sampled)
@@ -486,12 +488,28 @@ class DSparkExtWorker(BaseSpecWorker):
         conf_cpu = (torch.full((bs, self.gamma), -30.0) if conf_logits is None else conf_logits.float().cpu().clone())
         drafted = _mask(active, bs) if drafted_ok else torch.zeros(bs, dtype=torch.bool)
         greedy_drafts = (draft_temps == 0).cpu()
+        contexts = [_token_context(r) if getattr(r, "grammar", None) is not None else None for r in batch.reqs]
         plan = walk_drafts(batch.reqs, drafts_cpu, conf_cpu, drafted, greedy_drafts,
-                           batch.sampling_info.vocab_size, self._draft_scores if drafted_ok else None)
+                           batch.sampling_info.vocab_size, self._draft_scores if drafted_ok else None,
+                           CopySources(contexts, self._tokenizer()))
         drafts = drafts_cpu.to(self.device)
         if conf_logits is not None:
             conf_logits = conf_cpu.to(conf_logits.device, conf_logits.dtype)
         return drafts, conf_logits, plan
+
+    def _tokenizer(self):
+        """The target's tokenizer (jump-forward strings of grammars), loaded on first use; None if it fails."""
+        if self._hf_tokenizer is None:
+            try:
+                from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
+
+                sa = self.server_args
+                self._hf_tokenizer = get_tokenizer(sa.tokenizer_path or sa.model_path,
+                                                   trust_remote_code=getattr(sa, "trust_remote_code", False))
+            except Exception:
+                logger.exception("DSPARK_EXT: no tokenizer for grammar jump-forward drafts")
+                self._hf_tokenizer = False
+        return self._hf_tokenizer or None
 
     def _draft_scores(self, row: int, position: int):
         """The drafter's logits at (batch row, draft position) and the token ids of their columns (None: all)."""
@@ -530,6 +548,14 @@ def greedy_accept(drafts, verify_lens, packed_argmax, dense_index, backend: str 
     target_tokens = torch.zeros(bs, gamma + 1, dtype=torch.int64, device=drafts.device)
     target_tokens.view(-1)[dense_index.to(drafts.device)] = packed_argmax.to(drafts.device)
     return accept_greedy(drafts, lens, target_tokens)
+
+
+def _token_context(req):
+    """A request's prompt + output tokens so far (SGLang keeps both as array('q'))."""
+    import numpy as np
+
+    return np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
+                           np.asarray(req.output_ids, dtype=np.int64)])
 
 
 def _mask(indices: torch.Tensor, n: int) -> torch.Tensor:

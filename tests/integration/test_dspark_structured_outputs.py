@@ -17,11 +17,11 @@ import pytest
 import requests
 import torch
 
-from tests.integration.conftest import COMMON_ARGS, Server, dspark_args, generate, plain_args, prompts
+from tests.integration.conftest import COMMON_ARGS, Server, dspark_args, generate, plain_args, post_json, prompts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-JSON_FLAGS = ["--constrained-json-disable-any-whitespace"]
+JSON_FLAGS = ["--constrained-json-disable-any-whitespace", "--enable-custom-logit-processor"]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok", "size"],
           "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
                          "size": {"enum": ["small", "medium", "large"]}}}
@@ -60,6 +60,20 @@ MIXED_PARAMS = [{"max_new_tokens": 24, "temperature": 0.0, "regex": REGEX}] + \
                [{"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}] * 3
 
 
+BANNED = list(range(8, 1000))  # about half the tiny vocabulary: greedy output without the processor would use them
+
+
+def _processor_batch():
+    """1 request whose custom logit processor bans BANNED, then 3 free requests."""
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    first = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True,
+             "custom_params": {"token_ids": BANNED}}
+    body = {"text": MIXED_TEXTS, "sampling_params": [first] + MIXED_PARAMS[1:],
+            "custom_logit_processor": [DisallowedTokensLogitsProcessor.to_str()] + [None] * 3}
+    return body
+
+
 def _chat_json(server: Server, i: int) -> tuple[int, str]:
     from openai import OpenAI
 
@@ -95,6 +109,7 @@ def _run(server: Server) -> dict:
         texts, params, kinds = _grammar_batch()
         return {"grammar": generate(server, texts, params), "kinds": kinds,
                 "mixed": generate(server, MIXED_TEXTS, MIXED_PARAMS), "json": _json_requests(server),
+                "processor": post_json(server.url + "/generate", _processor_batch()),
                 "bad": _bad_requests(server)}
 
 
@@ -152,6 +167,16 @@ def test_a_grammar_request_does_not_stop_its_batch_mates_speculating(runs):
     assert all(r["verified"] > 0 for r in recs), recs
     ref = runs["plain"]["mixed"]
     assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+
+
+def test_a_custom_logit_processor_applies_to_its_request_only_and_batch_mates_keep_speculating(runs):
+    out, ref = runs["dspark"]["processor"], runs["plain"]["processor"]
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+    assert not set(out[0]["output_ids"]) & set(BANNED), "the processor's ban did not hold under speculation"
+    assert set(out[1]["output_ids"]) & set(BANNED), "control: unprocessed greedy output uses banned ids"
+    recs = [o["meta_info"]["dspark"] for o in out]
+    print("processor batch", [(r["verified"], r["accepted"]) for r in recs])
+    assert recs[0]["verified"] == 0 and all(r["verified"] > 0 for r in recs[1:]), recs
 
 
 @pytest.mark.parametrize("name", ["plain", "dspark"])

@@ -173,3 +173,46 @@ def test_json_schema_walk_keeps_drafts_that_follow_the_schema(backend, tokenizer
                        len(tokenizer))
     assert plan.limits.tolist() == [min(G, len(text_ids))]
     assert np.array_equal(drafts[0].numpy(), np.array(text_ids[:G]))
+
+
+def test_jump_forward_text_becomes_drafts_for_a_skipped_request(backend, tokenizer):
+    from sglang_dspark.sglang_plugin.grammar import JUMP_CONF_LOGIT, CopySources
+
+    g = _regex(backend, r"Hello, world! [0-9]")
+    want = tokenizer.encode("Hello, world! ", add_special_tokens=False)
+    drafts = torch.zeros(1, G, dtype=torch.int64)
+    conf = torch.full((1, G), -30.0)
+    plan = walk_drafts([_req(g)], drafts, conf, torch.tensor([False]), torch.tensor([True]), len(tokenizer),
+                       sources=CopySources([None], tokenizer))
+    n = min(G, len(want))
+    assert drafts[0, :n].tolist() == want[:n] and plan.limits.tolist() == [n]
+    assert plan.jump > 0 and plan.jump + plan.forced == n  # a piece no other token can start is forced outright
+    assert set(conf[0, :n].tolist()) <= {JUMP_CONF_LOGIT, FORCED_CONF_LOGIT}
+    assert g.accepted_tokens == []
+
+
+def test_lookup_copies_from_the_prompt_where_the_grammar_allows_it(backend, tokenizer):
+    from sglang_dspark.sglang_plugin.grammar import LOOKUP_CONF_LOGIT, CopySources
+
+    g = _regex(backend, r"[a-z ]+")
+    prompt = tokenizer.encode("the quick brown fox jumps over the lazy dog and the quick", add_special_tokens=False)
+    after = tokenizer.encode("the quick brown fox jumps over", add_special_tokens=False)
+    i = len(tokenizer.encode("the quick", add_special_tokens=False))
+    drafts = torch.zeros(1, G, dtype=torch.int64)
+    conf = torch.zeros(1, G)
+    plan = walk_drafts([_req(g)], drafts, conf, torch.tensor([True]), torch.tensor([True]), len(tokenizer),
+                       sources=CopySources([np.array(prompt)], None))
+    n = min(G, len(after) - i)
+    assert drafts[0, :n].tolist() == after[i:i + n] and plan.lookup >= n
+    assert conf[0, 0].item() == LOOKUP_CONF_LOGIT
+
+
+def test_copy_sources_are_not_used_for_sampled_drafts(backend, tokenizer):
+    """A sampled draft's q is the drafter's distribution: a copied token would break the acceptance ratio."""
+    from sglang_dspark.sglang_plugin.grammar import CopySources
+
+    g = _regex(backend, r"Hello, world! [0-9]")
+    drafts = torch.zeros(1, G, dtype=torch.int64)
+    plan = walk_drafts([_req(g)], drafts, torch.zeros(1, G), torch.tensor([True]), torch.tensor([False]),
+                       len(tokenizer), sources=CopySources([None], tokenizer))
+    assert plan.jump == 0 and plan.lookup == 0
