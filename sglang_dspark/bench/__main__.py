@@ -1,4 +1,5 @@
-"""`python -m sglang_dspark.bench {baseline,serve,ab,single_stream,sim,draft_cost,acceptance_report,repeats}`."""
+"""`python -m sglang_dspark.bench {baseline,serve,ab,single_stream,sim,draft_cost,acceptance_report,repeats,
+grammar_mix}`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ SUBCOMMANDS = {
     "draft_cost": "sglang_dspark.bench.draft_cost",
     "acceptance_report": "sglang_dspark.bench.acceptance_report",
     "repeats": "sglang_dspark.bench.repeats",
+    "grammar_mix": "sglang_dspark.bench.grammar_mix",
 }
 
 

@@ -17,6 +17,7 @@ class RequestResult:
     ttft_s: float
     latency_s: float
     dspark: dict | None = None
+    index: int = -1  # position in the prompt list
 
     @property
     def decode_tok_s(self) -> float:
@@ -103,6 +104,7 @@ async def run_load(base_url: str, prompts: list[tuple], concurrency: int, max_to
                 return
             r = await _one(client, model, dataset, prompt, max_tokens, temperature,
                            None if seed is None else seed + i, fields[0] if fields else None)
+            r.index = i
             results.append(r)
             bar.update(1)
 
