@@ -67,6 +67,13 @@ class GrammarDrafts:
     def __bool__(self) -> bool:
         return bool(self.masks)
 
+    def proposed(self, bs: int) -> torch.Tensor:
+        """Bool[bs]: grammar requests with at least one draft from the walk (forced, copied or the drafter's)."""
+        out = torch.zeros(bs, dtype=torch.bool)
+        for i in self.masks:
+            out[i] = bool(self.limits[i] > 0)
+        return out
+
 
 @dataclass
 class CopySources:
@@ -112,6 +119,7 @@ def walk_drafts(reqs, drafts: torch.Tensor, conf_logits: torch.Tensor, drafted: 
 
 JUMP_CONF_LOGIT = 3.0  # jump-forward text: forced as text, but the target may tokenize it otherwise
 LOOKUP_CONF_LOGIT = 1.0  # a repeated n-gram of the prompt / output continues as before
+LOOKUP_MIN_NGRAM = 1  # one token is enough: a JSON value starts copying from the prompt after its first token
 
 
 class _Copy:
@@ -150,7 +158,7 @@ class _Copy:
             from sglang_dspark.retrieval import suffix_continuation
 
             ctx = np.concatenate([self.context, np.asarray(walked, dtype=np.int64)]) if walked else self.context
-            cont, n = suffix_continuation(ctx, room)
+            cont, n = suffix_continuation(ctx, room, min_ngram=LOOKUP_MIN_NGRAM)
             if n:
                 self.pending, self.source = cont.tolist(), "lookup"
 

@@ -37,6 +37,9 @@ class DSparkOptions:
     draft_temperature: float | None = 0.0
     # bf16 on a CPU without native bf16 dot products: small-M kernel, fp32 weight copies where wider (cpu_gemm.py)
     cpu_gemm: str = "auto"
+    # Structured-output requests with point-mass drafts: "copy" drafts them from their grammar (forced tokens,
+    # jump-forward text) and their prompt / output only, without a drafter pass; "model" runs the drafter for them too
+    grammar_drafts: str = "copy"
 
     @classmethod
     def current(cls) -> "DSparkOptions":
@@ -77,6 +80,10 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                    help="Engine cost model JSON to load instead of profiling at start.")
     g.add_argument("--dspark-no-profile", dest="dspark_profile_cost_model", action="store_false",
                    help="Do not profile the engine cost model at start (use a cached or default one).")
+    g.add_argument("--dspark-grammar-drafts", choices=("copy", "model"), default=d.grammar_drafts,
+                   help="Drafts of structured-output requests (greedy drafts): 'copy' = from the grammar (forced "
+                        "tokens, jump-forward text) and the request's prompt / output only, no drafter pass for them; "
+                        "'model' = the drafter too, its tokens checked against the grammar.")
     g.add_argument("--dspark-no-draft-skip", dest="dspark_draft_skip", action="store_false",
                    help="Always draft, even when the controller expects to verify nothing.")
     g.add_argument("--dspark-no-fast-path", dest="dspark_plain_decode_fast_path", action="store_false",

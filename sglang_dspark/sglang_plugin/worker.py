@@ -222,15 +222,22 @@ class DSparkExtWorker(BaseSpecWorker):
                 logger.info("DSPARK_EXT: verify forwards use chain-only SDPA attention (torch_native backend)")
         return backend
 
-    def _draft_active(self, state: DSparkDraftState, caps: torch.Tensor | None) -> torch.Tensor:
-        """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps, and
-        those that asked for no speculation (caps: verify_caps, custom_params dspark_max_verify = 0)."""
+    def _draft_active(self, state: DSparkDraftState, caps: torch.Tensor | None, batch,
+                      draft_temps: torch.Tensor) -> torch.Tensor:
+        """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps, those
+        that asked for no speculation (caps: verify_caps, custom_params dspark_max_verify = 0), and, with
+        --dspark-grammar-drafts copy, structured-output requests with point-mass drafts (their grammar and their
+        prompt / output draft for them: grammar.walk_drafts)."""
         streak = state.zero_streak
         active = torch.ones(len(streak), dtype=torch.bool)
         if self.options.draft_skip:
             active = self.probe_gate.active(streak, self.step_index)
         if caps is not None:
             active &= caps != 0
+        if self.options.grammar_drafts == "copy":
+            copied = torch.tensor([getattr(r, "grammar", None) is not None for r in batch.reqs], dtype=torch.bool)
+            if bool(copied.any()):
+                active &= ~(copied & (draft_temps == 0).cpu())
         return torch.nonzero(active).view(-1)
 
     def _decode(self, batch) -> GenerationBatchResult:
@@ -252,7 +259,7 @@ class DSparkExtWorker(BaseSpecWorker):
 
         fallback = None
         caps = verify_caps(batch.reqs)
-        active = self._draft_active(state, caps)
+        active = self._draft_active(state, caps, batch, draft_temps)
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
@@ -291,7 +298,10 @@ class DSparkExtWorker(BaseSpecWorker):
                                verify_scale=1.0 if self.plain_gate is None else self.plain_gate.kappa)
             policy = self.profile_policy if self.costs.profiling else self.policy
             verify_lens = policy.choose(conf.cpu(), ctx).to(torch.int64).clamp(0, self.gamma)
-            verify_lens = torch.where(_mask(active, bs), verify_lens, torch.zeros_like(verify_lens))
+            proposed = _mask(active, bs)  # drafted for, or drafted by their grammar / prompt (walk_drafts)
+            if grammar is not None:
+                proposed |= grammar.proposed(bs)
+            verify_lens = torch.where(proposed, verify_lens, torch.zeros_like(verify_lens))
             verify_lens = self._restrict(batch, verify_lens, caps, grammar)
             if self.plain_gate is not None and not self.costs.profiling:
                 verify_lens = self.plain_gate.choose(verify_lens, conf, self.cost_model, int(committed.sum()))

@@ -1,8 +1,10 @@
 """Structured outputs (JSON schema, regex, EBNF) with DSPARK_EXT: lossless, speculating, per request.
 
 Servers (tiny fp32 target, random drafter): no speculation; DSPARK_EXT `fixed:4` without draft skipping (every
-request is drafted for and asks to verify 4 drafts every step, so each grammar request's walk decides what it
-verifies); the same in bf16. The T=1 test uses the shared bigram + noisy drafter `random:4` server.
+free request is drafted for and asks to verify 4 drafts every step; grammar requests take their drafts from their
+grammar and prompt, the default --dspark-grammar-drafts copy, so each walk decides what they verify); the same in
+bf16 with the drafter drafting grammar requests too (--dspark-grammar-drafts model). The T=1 test runs a bigram
+target + noisy drafter `random:4` server in model mode.
 Compact JSON (--constrained-json-disable-any-whitespace) keeps a random model's JSON output short, so it finishes.
 """
 
@@ -124,7 +126,9 @@ def runs(models, log_dir) -> dict:
     jobs = {
         "plain": plain_args(t) + JSON_FLAGS,
         "dspark": dspark_args(t, models.tiny_drafter, "fixed:4", "--dspark-no-draft-skip", *JSON_FLAGS),
-        "dspark_bf16": _bf16(dspark_args(t, models.tiny_drafter, "fixed:4", "--dspark-no-draft-skip", *JSON_FLAGS)),
+        # the drafter drafts grammar requests too (its forbidden tokens replaced by its best allowed ones)
+        "dspark_bf16": _bf16(dspark_args(t, models.tiny_drafter, "fixed:4", "--dspark-no-draft-skip",
+                                         "--dspark-grammar-drafts", "model", *JSON_FLAGS)),
     }
     assert "--dtype" in COMMON_ARGS
     servers = {name: Server(f"structured_{name}", args, None, log_dir) for name, args in jobs.items()}
@@ -144,9 +148,12 @@ def test_grammar_outputs_are_token_identical_to_no_speculation_and_valid(runs):
         assert sum(r["verified"] for k, r in zip(kinds, recs) if k == kind) > 0, f"{kind}: nothing verified"
 
 
-def test_bf16_grammar_outputs_are_valid(runs):
-    for kind, o in zip(runs["dspark_bf16"]["kinds"], runs["dspark_bf16"]["grammar"]):
+def test_bf16_grammar_outputs_are_valid_with_model_drafts(runs):
+    kinds = runs["dspark_bf16"]["kinds"]
+    for kind, o in zip(kinds, runs["dspark_bf16"]["grammar"]):
         assert _valid(kind, o["text"]), (kind, o["text"])
+    recs = [o["meta_info"]["dspark"] for o in runs["dspark_bf16"]["grammar"]]
+    assert all(r["draft_steps"] > 0 for r in recs), recs  # the drafter ran for the grammar requests
 
 
 @pytest.mark.parametrize("name", ["plain", "dspark", "dspark_bf16"])
@@ -232,7 +239,17 @@ def _regex_law(models, alphabet: list[int]):
     return regex, cells
 
 
-def test_t1_samples_under_a_regex_follow_the_grammar_constrained_law(models, bigram_random4_server):
+@pytest.fixture(scope="module")
+def bigram_model_drafts_server(models, log_dir):
+    """Bigram + noisy drafter, random:4, and the drafter drafting grammar requests too: the regex alphabet gives no
+    jump-forward text and the prompt no lookup, so sampled-target verification under the mask sees real drafts."""
+    srv = Server("bigram_grammar_model_drafts", dspark_args(models.bigram, models.noisy_drafter, "random:4",
+                                                            "--dspark-grammar-drafts", "model"), None, log_dir)
+    with srv:
+        yield srv
+
+
+def test_t1_samples_under_a_regex_follow_the_grammar_constrained_law(models, bigram_model_drafts_server):
     from tests.integration.test_dspark_lossless_sampling import ExactLaw, check
 
     from transformers import AutoTokenizer
@@ -255,7 +272,7 @@ def test_t1_samples_under_a_regex_follow_the_grammar_constrained_law(models, big
     sampling = {"max_new_tokens": 3, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "regex": regex}
     outs = []
     for _ in range(T1_SAMPLES // 500):
-        outs += generate(bigram_random4_server, [T1_PROMPT] * 500, sampling)
+        outs += generate(bigram_model_drafts_server, [T1_PROMPT] * 500, sampling)
     ids = np.array([law.cell(o["output_ids"]) if len(o["output_ids"]) == 3 else -1 for o in outs])
     res = check(law, ids)
     recs = [o["meta_info"].get("dspark") for o in outs]
