@@ -18,8 +18,6 @@ import contextlib
 import datetime as dt
 import json
 import math
-import os
-import platform
 import shlex
 import sys
 import time
@@ -27,6 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from sglang_dspark.bench.machine import describe_machine
 from sglang_dspark.bench.load import run_load_sync
 from sglang_dspark.bench.report import RESULTS_DIR, markdown_table
 from sglang_dspark.bench.serve import _server, get_ready, load_prompt_list, parse_policies, safe_name
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     done = {(r["temperature"], r["concurrency"], r["round"]) for r in rounds}
     todo = [(t, c, k) for t in args.temperatures for c in args.concurrency for k in range(args.rounds)
             if (t, c, k) not in done]
-    meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    meta = {"date": dt.date.today().isoformat(), "machine": describe_machine(),
             "command": "python -m sglang_dspark.bench ab " + shlex.join(_cli_argv())}
     if todo:
         needed = max(per_round(c, args.requests_per_round) for c in args.concurrency) * args.rounds

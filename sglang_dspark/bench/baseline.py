@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import platform
 
+from sglang_dspark.bench.machine import describe_machine
 from sglang_dspark.bench.load import run_load_sync
 from sglang_dspark.bench.prompts import eval_mix
 from sglang_dspark.bench.report import markdown_table, update_section, write_json, RESULTS_DIR
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         with ServerProcess(["--no-dspark", *args.server_args.split()]) as srv:
             measure(srv.base_url)
 
-    meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {_cpu_count()} cores",
+    meta = {"date": dt.date.today().isoformat(), "machine": describe_machine(),
             "max_tokens": args.max_tokens,
             "command": f"python -m sglang_dspark.bench baseline --max-tokens {args.max_tokens} "
                        f"--concurrency {' '.join(map(str, args.concurrency))}"}

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import shlex
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
+from sglang_dspark.bench.machine import describe_machine
 from sglang_dspark.bench.ab import _load, _save, paired_ratio
 from sglang_dspark.bench.load import run_load_sync
 from sglang_dspark.bench.report import RESULTS_DIR
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit(f"grammar_mix: {out} holds rounds measured with other settings; use another --out")
     rounds: list[dict] = data.get("rounds", [])
     todo = [k for k in range(args.rounds) if k not in {r["round"] for r in rounds}]
-    meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    meta = {"date": dt.date.today().isoformat(), "machine": describe_machine(),
             "command": "python -m sglang_dspark.bench grammar_mix " + shlex.join(sys.argv[2:])}
     if todo:
         from sglang_dspark.bench.prompts import load_requests

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import re
 import shlex
 import sys
@@ -25,6 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from sglang_dspark.bench.machine import describe_machine
 from sglang_dspark.bench.load import run_load_sync
 from sglang_dspark.bench.report import RESULTS_DIR, markdown_table, shown_path, update_section
 from sglang_dspark import profile_warmup
@@ -292,7 +291,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         print(f"serve: {skipped} level(s) already in {out}; skipping them (--force to re-measure)", flush=True)
 
     meta = {**meta, **settings, "date": dt.date.today().isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "machine": describe_machine(),
             "command": "python -m sglang_dspark.bench serve " + shlex.join(_cli_argv()),
             "ignore_eos": True, "streaming": True}
     needed = max(requests_for(c, args.requests_per_level) for c in args.concurrency)
