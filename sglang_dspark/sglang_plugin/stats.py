@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+# Where a request's verified drafts came from in a step (StepStats.sources); -1: nothing proposed for it.
+SOURCE_NAMES = ("drafter", "prompt", "corpus")
+SOURCE_DRAFTER, SOURCE_PROMPT, SOURCE_CORPUS = 0, 1, 2
+
 
 @dataclass
 class StepStats:
@@ -24,6 +28,10 @@ class StepStats:
     grammar_forced: int = 0  # draft positions where their grammar allowed one token (certain drafts)
     grammar_replaced: int = 0  # forbidden greedy drafts replaced by the drafter's best allowed token
     grammar_copied: int = 0  # draft positions copied from the grammar's jump-forward text or prompt/output lookup
+    # per request: SOURCE_* of its proposal this step (the drafter's block or a retrieval chain), -1 for none
+    sources: list[int] = field(default_factory=list)
+    # per retrieval source name: ECE of its calibrated confidences per draft position (served steps so far)
+    retrieval_ece: dict[str, list[float]] | None = None
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()
