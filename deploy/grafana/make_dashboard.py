@@ -126,6 +126,20 @@ PANELS = [
       (f"{rate('sglang:dspark_grammar_request_steps_total')} / {rate('sglang:dspark_verify_steps_total')}",
        "share under a grammar")],
      {"right_axis": ["share under a grammar"]}),
+    ("Acceptance by source", "percentunit",
+     "Where each request-step's verified drafts came from: the DSpark drafter, prompt/output lookup or the "
+     "cross-request n-gram corpus. Solid: accepted / verified draft tokens per source. Dashed: the share of all "
+     "request-steps whose drafts came from the source (the rest had nothing proposed, or fell back).",
+     [(f"{rate('sglang:dspark_accepted_tokens_by_source_total', by='source')} / "
+       f"{rate('sglang:dspark_verified_tokens_by_source_total', by='source')}", "accepted / verified {{source}}"),
+      (f"{rate('sglang:dspark_request_steps_by_source_total', by='source')} / on() group_left() "
+       f"{rate('sglang:dspark_verify_steps_total')}", "share of request-steps {{source}}")],
+     {"dashed": "share"}),
+    ("Retrieval confidence ECE", "none",
+     "Expected calibration error of each retrieval source's calibrated draft confidences per draft position "
+     "(prompt/output lookup, cross-request corpus); no data until retrieval drafts are served.",
+     [(f"max by (source, position) (avg_over_time(sglang:dspark_retrieval_ece{{{SEL}}}[{RI}]))",
+       "{{source}} p{{position}}")], {}),
     ("Draft and verify time per step", "s",
      "Mean drafter and target-verify time per decode step, and their p95.",
      [(f"{rate('sglang:dspark_draft_time_seconds_sum')} / {rate('sglang:dspark_draft_time_seconds_count')}",

@@ -15,6 +15,11 @@ Positions are 1-based draft positions 1..gamma. Per position p: verified_by_posi
 l_r >= p, accepted_by_position those with accepted >= p (so accepted/verified = P(drafts 1..p accepted | p verified),
 the realised survival that calibration compares with), calibration_predicted_by_position sums the calibrated
 predicted survival prod_{i<=p} c_i over the same verified request-steps.
+By source (label source = drafter | prompt | corpus: where a request-step's verified drafts came from; request-steps
+with nothing proposed, and fallback steps, have no source), over the same request-steps as the records' by_source:
+    request_steps_by_source_total{source=s}   = sum(record["by_source"][s]["steps"])
+    verified_tokens_by_source_total{source=s} = sum(record["by_source"][s]["verified"])   (likewise accepted)
+retrieval_ece{source, position} is the online ECE of a retrieval source's calibrated confidences at draft position p.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ import math
 from collections import Counter
 from typing import Any, Sequence
 
+from sglang_dspark.sglang_plugin.stats import SOURCE_NAMES
+
 PREFIX = "sglang:dspark_"
 LENGTH_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 BATCH_TOKEN_BUCKETS = tuple(2**i for i in range(15))  # 1 .. 16384 tokens per verify forward
 TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 TAU_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
 FALLBACK_REASONS = ("nan", "exception")
+BY_SOURCE_COUNTERS = ("request_steps_by_source", "verified_tokens_by_source", "accepted_tokens_by_source")
 
 # name (without prefix) -> (kind, help, extra label names, kwargs)
 SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
@@ -63,6 +71,12 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
     "calibration_predicted_by_position": (
         "counter", "Sum of calibrated predicted survival prod_{i<=p} c_i over verified request-steps at position p.",
         ("position",), {}),
+    "request_steps_by_source": ("counter", "Request-steps whose verified drafts came from the source (drafter, "
+                                "prompt/output lookup, cross-request corpus).", ("source",), {}),
+    "verified_tokens_by_source": ("counter", "Draft tokens verified, by the source that proposed them.", ("source",),
+                                  {}),
+    "accepted_tokens_by_source": ("counter", "Draft tokens accepted, by the source that proposed them.", ("source",),
+                                  {}),
     "accept_length": ("histogram", "Accepted drafts per request per step.", (), {"buckets": LENGTH_BUCKETS}),
     "verify_length": ("histogram", "Verify length l_r per request per step.", (), {"buckets": LENGTH_BUCKETS}),
     "batch_verify_tokens": ("histogram", "Tokens in one target verify forward: sum over requests of (1 + l_r).", (),
@@ -77,6 +91,8 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
     "step_time_measured_seconds": ("gauge", "Measured time of the last verify step.", (), {}),
     "calibration_ece": ("gauge", "Online ECE of predicted prefix survival at draft position p (1-based).",
                         ("position",), {}),
+    "retrieval_ece": ("gauge", "Online ECE of a retrieval source's calibrated confidences at draft position p "
+                      "(1-based).", ("source", "position"), {}),
     "controller_info": ("gauge", "Constant 1; labels name the verify-length controller, gamma and drafter.",
                         ("controller", "gamma", "drafter"), {}),
 }
@@ -150,6 +166,7 @@ class DSparkMetrics:
         self.metrics = _family(SCHEDULER_METRICS, self.labels, registry)
         self.gamma = 0
         self._positions: list[dict[str, Any]] = []
+        self._by_source: list[dict[str, Any]] = []
 
     @classmethod
     def create(cls, labels: dict[str, str], *, enabled: bool = True, registry=None) -> DSparkMetrics | None:
@@ -169,6 +186,7 @@ class DSparkMetrics:
                            for p in range(self.gamma)]
         for reason in FALLBACK_REASONS:
             self._m("fallbacks", reason=reason)
+        self._by_source = [self._source_series(name) for name in SOURCE_NAMES]
         for short in ("verify_steps", "draft_steps", "batch_steps", "drafted_tokens", "verified_tokens",
                       "accepted_tokens", "wasted_verify_tokens", "bonus_tokens", "plain_decode_steps",
                       "sla_floored_request_steps", "sla_unsatisfied_request_steps", "grammar_request_steps",
@@ -222,6 +240,38 @@ class DSparkMetrics:
         for p, ece in enumerate(ece_per_position or []):
             if ece is not None and math.isfinite(ece):  # nan = nothing verified at p since the last refit
                 self._m("calibration_ece", position=str(p + 1)).set(ece)
+        if not stats.fallback:
+            self._observe_sources(getattr(stats, "sources", None) or [], verify, accept)
+        for name, eces in (getattr(stats, "retrieval_ece", None) or {}).items():
+            for p, ece in enumerate(eces or []):
+                if ece is not None and math.isfinite(ece):  # nan = no samples at p yet
+                    self._m("retrieval_ece", source=str(name), position=str(p + 1)).set(ece)
+
+    def _source_series(self, name: str) -> dict[str, Any]:
+        return {short: self._m(short, source=name) for short in BY_SOURCE_COUNTERS}
+
+    def _observe_sources(self, sources: Sequence[int], verify: list[int], accept: list[int]) -> None:
+        """Per-source request-steps and verified / accepted draft tokens (the rows of `sources` that name a source;
+        a list that does not match the batch counts nothing, as in the per-request records)."""
+        if len(sources) != len(verify):
+            return
+        n = len(SOURCE_NAMES)
+        steps, verified, accepted = [0] * n, [0] * n, [0] * n
+        for src, v, a in zip(sources, verify, accept):
+            src = int(src)
+            if 0 <= src < n:
+                steps[src] += 1
+                verified[src] += v
+                accepted[src] += a
+        for src in range(n):
+            if not steps[src]:
+                continue
+            series = self._by_source[src] if self._by_source else self._source_series(SOURCE_NAMES[src])
+            series["request_steps_by_source"].inc(steps[src])
+            if verified[src]:
+                series["verified_tokens_by_source"].inc(verified[src])
+            if accepted[src]:
+                series["accepted_tokens_by_source"].inc(accepted[src])
 
     def _observe_positions(self, verify: list[int], verify_counts: Counter, accept_counts: Counter, conf) -> None:
         gamma = len(self._positions)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: metrics/request_stats (tokenizer side) imports SOURCE_NAMES from here
+    import torch
 
 # Where a request's verified drafts came from in a step (StepStats.sources); -1: nothing proposed for it.
 SOURCE_NAMES = ("drafter", "prompt", "corpus")
@@ -38,6 +40,14 @@ class StepStats:
         self.accept_lens = accept_lens.tolist()
         self.fallback = fallback
 
+    def row_sources(self) -> list[int]:
+        """Per request (the rows of accept_lens): SOURCE_* of its verified drafts this step, -1 for none. All -1 on a
+        fallback step, or when the step recorded no sources (a code path that does not fill them)."""
+        rows = len(self.accept_lens)
+        if self.fallback or len(self.sources) != rows:
+            return [-1] * rows
+        return [int(s) for s in self.sources]
+
     def customized_info(self, record_verify_lens: bool) -> dict[str, list]:
         """Per request, one entry per token this step commits: the step's value, then None (see api_hooks)."""
         drafted = [0] * self.batch_size if self.fallback else list(self.drafted)
@@ -45,6 +55,7 @@ class StepStats:
             "dspark_drafted": drafted,
             "dspark_verified": list(self.verify_lens),
             "dspark_accepted": list(self.accept_lens),
+            "dspark_source": self.row_sources(),
         }
         if record_verify_lens:
             per_step["dspark_verify_lens"] = list(self.verify_lens)
@@ -55,7 +66,7 @@ class StepStats:
     def prefill_customized_info(batch_size: int, record_verify_lens: bool) -> dict[str, list]:
         """One empty entry for the token prefill samples, so entries stay aligned with output tokens (SGLang
         slices them by token offset when streaming)."""
-        keys = ["dspark_drafted", "dspark_verified", "dspark_accepted"]
+        keys = ["dspark_drafted", "dspark_verified", "dspark_accepted", "dspark_source"]
         if record_verify_lens:
             keys.append("dspark_verify_lens")
         return {k: [[None] for _ in range(batch_size)] for k in keys}

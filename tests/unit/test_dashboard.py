@@ -23,7 +23,7 @@ METRIC_RE = re.compile(r"\b(sglang:[a-zA-Z0-9_:]+)")
 REQUIRED_PANEL_TITLES = ["Tau", "Acceptance rate by draft position", "Verify budget per request vs running requests",
                          "Wasted verify tokens/s", "Aggregate vs per-user tokens/s",
                          "Calibration: predicted vs realised",
-                         "Cost model", "Fallbacks"]
+                         "Cost model", "Fallbacks", "Acceptance by source", "Retrieval confidence ECE"]
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,23 @@ def test_every_expression_is_filtered_and_uses_exported_metrics(dashboard):
     families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in metric_names()}
     unused = [f for f in families if f not in text]
     assert not unused, f"exported but not on the dashboard: {unused}"
+
+
+def test_acceptance_by_source_panel(dashboard):
+    """Accepted / verified draft tokens and the request-step share, each as one series per source."""
+    (panel,) = [p for p in dashboard["panels"] if p["title"] == "Acceptance by source"]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    ratio, share = panel["targets"]
+    for expr, num, den in ((ratio["expr"], "accepted_tokens_by_source_total", "verified_tokens_by_source_total"),
+                           (share["expr"], "request_steps_by_source_total", "verify_steps_total")):
+        left, right = expr.split(" / ", 1)
+        assert left.startswith("sum by (source)(rate(sglang:dspark_" + num + "{"), expr
+        assert "sglang:dspark_" + den + "{" in right, expr
+    assert "by (source)" in ratio["expr"].split(" / ", 1)[1]  # matched per source
+    assert "on() group_left()" in share["expr"]  # every source over all request-steps
+    assert "{{source}}" in ratio["legendFormat"] and "{{source}}" in share["legendFormat"]
+    (ece,) = [p for p in dashboard["panels"] if p["title"] == "Retrieval confidence ECE"]
+    assert ece["targets"][0]["expr"].startswith("max by (source, position) (avg_over_time(sglang:dspark_retrieval_ece{")
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/install_prometheus.sh)")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from sglang_dspark.metrics.prometheus import (  # noqa: E402
     scheduler_labels,
 )
 from sglang_dspark.metrics.request_stats import summarize  # noqa: E402
-from sglang_dspark.sglang_plugin.stats import StepStats  # noqa: E402
+from sglang_dspark.sglang_plugin.stats import SOURCE_NAMES, StepStats  # noqa: E402
 
 LABELS = {"model_name": "m", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
 GAMMA = 4
@@ -45,9 +46,10 @@ def value(registry, name: str, **extra) -> float:
 
 
 def make_step(verify: list[int], accept: list[int], drafted: list[int] | None = None, fallback: str | None = None,
-              draft_s: float = 0.01, verify_s: float = 0.02) -> StepStats:
+              draft_s: float = 0.01, verify_s: float = 0.02, sources: list[int] | None = None,
+              retrieval_ece: dict | None = None) -> StepStats:
     s = StepStats(len(verify), drafted=drafted if drafted is not None else [1] * len(verify), draft_s=draft_s,
-                  verify_s=verify_s)
+                  verify_s=verify_s, sources=list(sources or []), retrieval_ece=retrieval_ece)
     s.finish(torch.tensor(verify), torch.tensor(accept), fallback)
     return s
 
@@ -124,6 +126,84 @@ def test_gauges_info_and_nan_ece(metrics, registry):
     assert value(registry, p + "controller_info", controller="dspark", gamma=str(GAMMA), drafter="/models/drafter") == 1
 
 
+def by_source(registry) -> dict[str, tuple[float, float, float]]:
+    """source -> (request-steps, verified, accepted) from the exported by-source counters."""
+    p = "sglang:dspark_"
+    return {src: tuple(value(registry, p + short + "_total", source=src) for short in
+                       ("request_steps_by_source", "verified_tokens_by_source", "accepted_tokens_by_source"))
+            for src in SOURCE_NAMES}
+
+
+def test_by_source_counters_for_mixed_sources(metrics, registry):
+    assert by_source(registry) == {src: (0, 0, 0) for src in SOURCE_NAMES}  # pre-created by set_info
+    # rows: drafter, prompt, nothing proposed, corpus, drafter
+    observe(metrics, make_step([4, 3, 0, 2, 1], [2, 3, 0, 0, 1], sources=[0, 1, -1, 2, 0]))
+    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (1, 3, 3), "corpus": (1, 2, 0)}
+    observe(metrics, make_step([2, 2], [1, 2], sources=[1, 1]))
+    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (3, 7, 6), "corpus": (1, 2, 0)}
+    # fallback steps, steps without sources (older callers) and a list not matching the batch count nothing
+    observe(metrics, make_step([0, 0], [0, 0], sources=[0, 2], fallback="nan"))
+    observe(metrics, make_step([3], [3]))
+    observe(metrics, make_step([3, 1], [3, 1], sources=[2]))
+    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (3, 7, 6), "corpus": (1, 2, 0)}
+    # the all-sources totals still count every request-step
+    assert value(registry, "sglang:dspark_verified_tokens_total") == 4 + 3 + 2 + 1 + 2 + 2 + 3 + 3 + 1
+
+
+def test_by_source_counters_equal_per_request_records_summed(metrics, registry):
+    """The per-source counters sum the records' by_source over the same request-steps."""
+    steps = [  # (rids, verify, accept, sources, fallback)
+        ([0, 1], [4, 2], [3, 2], [0, 1], None),
+        ([0, 1], [0, 0], [0, 0], [0, 0], "exception"),
+        ([0, 1, 2], [1, 0, 3], [0, 0, 1], [0, -1, 2], None),
+        ([1, 2], [4, 4], [4, 1], [1, 2], None),
+    ]
+    per_request: dict[int, dict[str, list]] = {}
+    for rids, verify, accept, sources, fallback in steps:
+        s = make_step(verify, accept, fallback=fallback, sources=sources)
+        observe(metrics, s)
+        row_sources = s.row_sources()
+        for i, rid in enumerate(rids):
+            lists = per_request.setdefault(rid, {"dspark_drafted": [], "dspark_verified": [], "dspark_accepted": [],
+                                                 "dspark_source": []})
+            lists["dspark_drafted"].append(0 if fallback else 1)
+            lists["dspark_verified"].append(verify[i])
+            lists["dspark_accepted"].append(accept[i])
+            lists["dspark_source"].append(row_sources[i])
+    records = [summarize(meta) for meta in per_request.values()]
+    want = {src: tuple(sum(r.get("by_source", {}).get(src, {}).get(k, 0) for r in records)
+                       for k in ("steps", "verified", "accepted")) for src in SOURCE_NAMES}
+    assert want == {"drafter": (2, 5, 3), "prompt": (2, 6, 6), "corpus": (2, 7, 2)}
+    assert by_source(registry) == want
+
+
+def test_retrieval_ece_gauge_per_source_and_position(metrics, registry):
+    nan = float("nan")
+    observe(metrics, make_step([1], [1], sources=[1],
+                               retrieval_ece={"prompt": [0.05, nan, 0.2], "corpus": [nan, 0.3]}))
+    p = "sglang:dspark_retrieval_ece"
+    assert value(registry, p, source="prompt", position="1") == pytest.approx(0.05)
+    assert value(registry, p, source="prompt", position="3") == pytest.approx(0.2)
+    assert value(registry, p, source="corpus", position="2") == pytest.approx(0.3)
+    for src, pos in (("prompt", "2"), ("corpus", "1"), ("drafter", "1")):  # nan / never given: not set
+        assert registry.get_sample_value(p, {**LABELS, "source": src, "position": pos}) is None
+    # a later step overwrites a position and leaves a nan one at its previous value
+    observe(metrics, make_step([1], [0], retrieval_ece={"prompt": [0.07, 0.1, nan]}))
+    assert value(registry, p, source="prompt", position="1") == pytest.approx(0.07)
+    assert value(registry, p, source="prompt", position="2") == pytest.approx(0.1)
+    assert value(registry, p, source="prompt", position="3") == pytest.approx(0.2)
+
+
+def test_observe_step_accepts_stats_without_source_fields(metrics, registry):
+    """Old callers: a stats object with neither sources nor retrieval_ece."""
+    stats = SimpleNamespace(verify_lens=[2, 1], accept_lens=[1, 1], drafted=[1, 1], fallback=None, draft_s=0.01,
+                            verify_s=0.02)
+    metrics.observe_step(stats, budget_tokens=3, capacity_tokens=8, running=2, predicted_s=None, measured_s=None,
+                         ece_per_position=None)
+    assert value(registry, "sglang:dspark_accepted_tokens_total") == 2
+    assert by_source(registry) == {src: (0, 0, 0) for src in SOURCE_NAMES}
+
+
 def test_calibration_predicted_sums_survival_over_verified_positions(metrics, registry):
     conf = torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.9, 0.8, 0.1, 0.1]])
     observe(metrics, make_step([2, 4], [2, 1]), conf=conf)
@@ -168,7 +248,8 @@ def test_multiprocess_export(tmp_path):
         from sglang_dspark.sglang_plugin.stats import StepStats
         m = DSparkMetrics.create({"model_name": "m", "tp_rank": "0"})
         m.set_info("fixed:3", 4, "d")
-        s = StepStats(2, drafted=[1, 1]); s.finish(torch.tensor([3, 1]), torch.tensor([2, 0]), None)
+        s = StepStats(2, drafted=[1, 1], sources=[0, 1], retrieval_ece={"prompt": [0.1, float("nan")]})
+        s.finish(torch.tensor([3, 1]), torch.tensor([2, 0]), None)
         m.observe_step(s, budget_tokens=4, capacity_tokens=8, running=2, predicted_s=0.1, measured_s=0.2,
                        ece_per_position=[0.1, 0.2, 0.3, 0.4], conf=torch.full((2, 4), 0.5))
         class Manager:
@@ -190,6 +271,13 @@ def test_multiprocess_export(tmp_path):
     assert not missing, missing
     assert samples["sglang:dspark_accepted_tokens_total"].value == 2
     assert samples["sglang:dspark_running_requests"].value == 2
+    by_src = {(s.name, s.labels.get("source"), s.labels.get("position")): s.value
+              for fam in text_string_to_metric_families(out.stdout) for s in fam.samples if "source" in s.labels}
+    assert by_src[("sglang:dspark_verified_tokens_by_source_total", "drafter", None)] == 3
+    assert by_src[("sglang:dspark_accepted_tokens_by_source_total", "prompt", None)] == 0
+    assert by_src[("sglang:dspark_request_steps_by_source_total", "corpus", None)] == 0  # pre-created at zero
+    assert by_src[("sglang:dspark_retrieval_ece", "prompt", "1")] == pytest.approx(0.1)
+    assert ("sglang:dspark_retrieval_ece", "prompt", "2") not in by_src
     assert samples["sglang:dspark_request_mean_tau_sum"].value == 2.0
     assert samples["sglang:dspark_request_mean_tau_sum"].labels == {"model_name": "m"}
 
