@@ -40,6 +40,10 @@ class DSparkOptions:
     # Structured-output requests with point-mass drafts: "copy" drafts them from their grammar (forced tokens,
     # jump-forward text) and their prompt / output only, without a drafter pass; "model" runs the drafter for them too
     grammar_drafts: str = "copy"
+    # Retrieval drafts beside the drafter's: "prompt" (the request's own prompt / output), "corpus" (recent outputs
+    # of all requests), "both" or "off"; the controller picks one source per request and step
+    retrieval: str = "both"
+    model_drafts: bool = True  # False: retrieval drafts only, no drafter pass (A/B measurements)
 
     @classmethod
     def current(cls) -> "DSparkOptions":
@@ -84,6 +88,14 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                    help="Drafts of structured-output requests (greedy drafts): 'copy' = from the grammar (forced "
                         "tokens, jump-forward text) and the request's prompt / output only, no drafter pass for them; "
                         "'model' = the drafter too, its tokens checked against the grammar.")
+    g.add_argument("--dspark-retrieval", choices=("off", "prompt", "corpus", "both"), default=d.retrieval,
+                   help="Retrieval drafts beside the drafter's: 'prompt' = continuations copied from the request's own "
+                        "prompt and output, 'corpus' = from recent outputs of all requests (SGLang's n-gram trie), "
+                        "'both' (default) or 'off'. Per request and step the controller verifies the source with the "
+                        "better calibrated survival curve; a request whose retrieval chain is confident enough skips "
+                        "the drafter pass. Per request: custom_params dspark_retrieval.")
+    g.add_argument("--dspark-no-model-drafts", dest="dspark_model_drafts", action="store_false",
+                   help="Retrieval drafts only: never run the drafter (A/B measurements).")
     g.add_argument("--dspark-no-draft-skip", dest="dspark_draft_skip", action="store_false",
                    help="Always draft, even when the controller expects to verify nothing.")
     g.add_argument("--dspark-no-fast-path", dest="dspark_plain_decode_fast_path", action="store_false",

@@ -6,6 +6,9 @@
                                                    # a number >= 0, or "request" (its own temperature)
   custom_params = {"dspark_max_verify": 0}         # at most this many drafts verified per step for this request;
                                                    # 0 = no speculation for it (it is not drafted for either)
+  custom_params = {"dspark_retrieval": "prompt"}   # retrieval drafts for this request: off, prompt (its own prompt /
+                                                   # output), corpus (recent outputs of all requests) or both;
+                                                   # overrides --dspark-retrieval
 Validated where SGLang validates sampling parameters (tokenizer process), so a bad value is an HTTP 400.
 """
 
@@ -18,6 +21,8 @@ import torch
 SLA_KEY = "dspark_min_user_tps"
 DRAFT_TEMPERATURE_KEY = "dspark_draft_temperature"
 MAX_VERIFY_KEY = "dspark_max_verify"
+RETRIEVAL_KEY = "dspark_retrieval"
+RETRIEVAL_MODES = ("off", "prompt", "corpus", "both")
 REQUEST = "request"
 
 
@@ -58,11 +63,20 @@ def validate_max_verify(custom_params) -> None:
         raise ValueError(f"custom_params.{MAX_VERIFY_KEY} must be an integer >= 0, got {value!r}")
 
 
+def validate_retrieval(custom_params) -> None:
+    value = _param(RETRIEVAL_KEY, custom_params)
+    if value is None:
+        return
+    if value not in RETRIEVAL_MODES:
+        raise ValueError(f"custom_params.{RETRIEVAL_KEY} must be one of {', '.join(RETRIEVAL_MODES)}, got {value!r}")
+
+
 def after_sampling_params_verify(result, self, *args, **kwargs):
     custom = getattr(self, "custom_params", None)
     validate(custom)
     validate_draft_temperature(custom)
     validate_max_verify(custom)
+    validate_retrieval(custom)
     return result
 
 
@@ -94,6 +108,11 @@ def draft_temperature_caps(reqs, server_cap: float | None) -> torch.Tensor:
         value = server_cap if own is None else (None if own == REQUEST else float(own))
         caps.append(math.inf if value is None else value)
     return torch.tensor(caps, dtype=torch.float64)
+
+
+def retrieval_modes(reqs, server_mode: str) -> list[str]:
+    """Per request: which retrieval sources may draft for it (its custom_params, else the server's flag)."""
+    return [_request_param(req, RETRIEVAL_KEY) or server_mode for req in reqs]
 
 
 def register(HookRegistry, HookType) -> None:

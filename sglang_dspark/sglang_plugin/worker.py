@@ -2,8 +2,11 @@
 
 One decode step for R running requests:
   draft   : our drafter proposes gamma tokens per request from its slot-indexed context pool (one backbone pass,
-            then the sequential Markov head) with per-position confidences;
-  plan    : a controller picks l_r in [0, gamma] from calibrated confidences and the engine cost model;
+            then the sequential Markov head) with per-position confidences; beside it, retrieval chains (the
+            request's own prompt / output, recent outputs of all requests) with calibrated confidences of their own;
+            a request whose retrieval chain beats what the drafter usually offers is left out of the draft pass;
+  plan    : per request, the proposal with the better survival curve (drafter block or retrieval chain); then a
+            controller picks l_r in [0, gamma] from calibrated confidences and the engine cost model;
   verify  : ONE ragged target EXTEND forward over sum_r(1 + l_r) tokens, capturing the drafter's target layers;
   accept  : greedy prefix match, or rejection sampling against SGLang's processed target distribution;
   commit  : accepted tokens + bonus go back to the scheduler, which appends them and moves the KV length;
@@ -38,10 +41,11 @@ from sglang_dspark.sglang_plugin.grammar import (CopySources, GrammarDrafts, bat
                                                  walk_drafts)
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors, verify_caps
+from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalDrafter, RetrievalProposal
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.target_sampling import (apply_custom_processors, custom_processor_rows,
                                                          processed_logits, sample_plain, samples_plain_itself)
-from sglang_dspark.sglang_plugin.stats import StepStats, StepTrace, WorkerCounters
+from sglang_dspark.sglang_plugin.stats import SOURCE_DRAFTER, StepStats, StepTrace, WorkerCounters
 from sglang_dspark.sglang_plugin.step_profile import StepProfiler, section
 from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
 from sglang_dspark.sglang_plugin.verify_batch import (rewrite_as_plain_decode, rewrite_as_verify_extend,
@@ -122,6 +126,11 @@ class DSparkExtWorker(BaseSpecWorker):
         self._proposal = None  # the last draft pass's Proposal, for grammar walks (_draft_scores)
         self._hf_tokenizer = None  # loaded on the first grammar step (_tokenizer)
         self._chain_verify_checked = False
+        # with --dspark-retrieval off a request may still ask for prompt lookup (custom_params dspark_retrieval)
+        self.retrieval = RetrievalDrafter(self.gamma, self.options.retrieval, server_args.speculative_draft_model_path)
+        # smoothed expected accepted drafts of a drafted request (calibrated survival sum): the bar a retrieval chain
+        # must clear for its request to skip the draft pass (None until the drafter has drafted once)
+        self.drafter_expected: float | None = None
         self.profiler = StepProfiler.from_env()
         self.metrics = _create_metrics(server_args, self.gamma, self.options.controller)
         # Fault injection for tests: the first N decode steps get non-finite drafter output.
@@ -213,6 +222,48 @@ class DSparkExtWorker(BaseSpecWorker):
                 q = DraftDistribution(prop.logits[:, :G], draft_temps, rows, prop.vocab)
         return tokens, q, conf, time.perf_counter() - t0
 
+    def _retrieve(self, batch, caps: torch.Tensor | None, grammar_rows) -> RetrievalProposal | None:
+        """Retrieval chains for the requests that may speculate and have no grammar (the walk copies for those)."""
+        if self.retrieval is None:
+            return None
+        self.retrieval.observe_batch(batch.reqs)
+        eligible = torch.ones(len(batch.reqs), dtype=torch.bool)
+        if caps is not None:
+            eligible &= caps != 0
+        for i, _ in grammar_rows:
+            eligible[i] = False
+        processor_rows = custom_processor_rows(batch.sampling_info, len(batch.reqs))
+        if processor_rows is not None:
+            eligible &= ~processor_rows.cpu()
+        if not bool(eligible.any()):
+            return None
+        try:
+            return self.retrieval.propose(batch.reqs, eligible)
+        except Exception:  # retrieval is an extra: its failure leaves the drafter's proposals
+            logger.exception("DSPARK_EXT retrieval drafts failed; drafter only for this step")
+            return None
+
+    def _choose_sources(self, retrieval: RetrievalProposal | None, active: torch.Tensor, bs: int, conf: torch.Tensor,
+                        stats: StepStats) -> torch.Tensor | None:
+        """Bool[R] requests that verify their retrieval chain this step: it has a chain whose expected accepted drafts
+        (sum of prefix survival) beat the drafter's block for it (0 where the drafter did not draft it). Records the
+        source per request in stats and refreshes the drafter's smoothed expectation."""
+        drafted = _mask(active, bs)
+        drafter_value = torch.cumprod(conf.detach().float().cpu(), 1).sum(1)
+        if bool(drafted.any()):
+            mean = float(drafter_value[drafted].mean())
+            self.drafter_expected = mean if self.drafter_expected is None else 0.9 * self.drafter_expected + 0.1 * mean
+        stats.sources = [SOURCE_DRAFTER if d else -1 for d in drafted.tolist()]
+        if retrieval is None:
+            return None
+        drafter_value = torch.where(drafted, drafter_value, torch.zeros_like(drafter_value))
+        used = retrieval.has() & (retrieval.expected() > drafter_value)
+        if not bool(used.any()):
+            return None
+        for i in torch.nonzero(used).view(-1).tolist():
+            stats.sources[i] = retrieval.candidates[i].source
+        return used
+
     def _verify_backend(self):
         """The target's attention backend, switched (once) to chain-only verify attention where we have one."""
         backend = self.model_runner.attn_backend
@@ -223,13 +274,18 @@ class DSparkExtWorker(BaseSpecWorker):
         return backend
 
     def _draft_active(self, state: DSparkDraftState, caps: torch.Tensor | None, batch,
-                      draft_temps: torch.Tensor) -> torch.Tensor:
+                      draft_temps: torch.Tensor, retrieval: RetrievalProposal | None = None) -> torch.Tensor:
         """Requests to draft for: skip those the controller recently gave nothing, re-probing every few steps, those
         that asked for no speculation (caps: verify_caps, custom_params dspark_max_verify = 0), and, with
         --dspark-grammar-drafts copy, structured-output requests with point-mass drafts (their grammar and their
-        prompt / output draft for them: grammar.walk_drafts)."""
+        prompt / output draft for them: grammar.walk_drafts), and those whose retrieval chain is expected to accept at
+        least as many drafts as the drafter's block usually does (no drafter pass at all with --dspark-no-model-drafts)."""
         streak = state.zero_streak
         active = torch.ones(len(streak), dtype=torch.bool)
+        if not self.options.model_drafts:
+            return torch.zeros(0, dtype=torch.int64)
+        if retrieval is not None and self.drafter_expected is not None:
+            active &= ~(retrieval.has() & (retrieval.expected() >= self.drafter_expected))
         if self.options.draft_skip:
             active = self.probe_gate.active(streak, self.step_index)
         if caps is not None:
@@ -259,13 +315,14 @@ class DSparkExtWorker(BaseSpecWorker):
 
         fallback = None
         caps = verify_caps(batch.reqs)
-        active = self._draft_active(state, caps, batch, draft_temps)
+        grammar_rows = batch_grammars(batch.reqs)
+        retrieval = self._retrieve(batch, caps, grammar_rows)
+        active = self._draft_active(state, caps, batch, draft_temps, retrieval)
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
         fast_path = self.options.plain_decode_fast_path and not self.costs.profiling
-        grammar_rows = batch_grammars(batch.reqs)
-        if fast_path and len(active) == 0 and not grammar_rows:  # nothing drafted, nothing forced: no controller
+        if fast_path and len(active) == 0 and not grammar_rows and retrieval is None:  # nothing drafted or forced
             return self._plain_decode(batch, state, anchors, committed, torch.zeros(bs, dtype=torch.int64), stats,
                                       None, None, None)
         prof = self.profiler is not None
@@ -289,6 +346,14 @@ class DSparkExtWorker(BaseSpecWorker):
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits, sampled=sampled)
+            used = self._choose_sources(retrieval, active, bs, conf, stats)
+            if used is not None:
+                drafts = torch.where(used.view(-1, 1).to(drafts.device), retrieval.tokens.to(drafts.device), drafts)
+                conf = torch.where(used.view(-1, 1).to(conf.device), retrieval.probs.to(conf.device, conf.dtype), conf)
+                if draft_dist is not None:  # retrieval drafts are point masses
+                    draft_dist = DraftDistribution(draft_dist.logits, torch.where(
+                        used.to(draft_dist.temperature.device), torch.zeros_like(draft_dist.temperature),
+                        draft_dist.temperature), draft_dist.rows, draft_dist.vocab)
             plain_s = (self.plain_gate.plain_step_s(bs, self.cost_model, int(committed.sum()))
                        if self.plain_gate is not None and not self.costs.profiling else None)
             ctx = BatchContext(num_requests=bs, kv_lens=committed, step_index=self.step_index,
@@ -301,8 +366,13 @@ class DSparkExtWorker(BaseSpecWorker):
             proposed = _mask(active, bs)  # drafted for, or drafted by their grammar / prompt (walk_drafts)
             if grammar is not None:
                 proposed |= grammar.proposed(bs)
+            if used is not None:
+                proposed |= used
             verify_lens = torch.where(proposed, verify_lens, torch.zeros_like(verify_lens))
             verify_lens = self._restrict(batch, verify_lens, caps, grammar)
+            if used is not None:  # never past a retrieval chain's end, whatever the policy (fixed:G baselines)
+                chain = (retrieval.probs > 0).sum(1).to(verify_lens.dtype)
+                verify_lens = torch.where(used, torch.minimum(verify_lens, chain), verify_lens)
             if self.plain_gate is not None and not self.costs.profiling:
                 verify_lens = self.plain_gate.choose(verify_lens, conf, self.cost_model, int(committed.sum()))
             if ctx.min_user_tps is not None:  # whatever the policy: say when a floor is out of reach this step
@@ -312,8 +382,11 @@ class DSparkExtWorker(BaseSpecWorker):
                 stats.sla_unsatisfied = int(unmet.sum())
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
+            used = None
+        # the drafter's own value: a step that verified a retrieval chain says nothing about drafting that request
+        drafter_lens = verify_lens if used is None else torch.where(used, torch.zeros_like(verify_lens), verify_lens)
 
-        useful, savings = self._drafting_useful(state, verify_lens, None if fallback else conf, active,
+        useful, savings = self._drafting_useful(state, drafter_lens, None if fallback else conf, active,
                                                 int(committed.sum()))
         if fallback is None:
             self.probe_gate.observe(self.step_index, len(active), int(useful.sum()))
@@ -363,6 +436,8 @@ class DSparkExtWorker(BaseSpecWorker):
         bonus = accept.bonus_tokens.to(torch.int64)
 
         stats.finish(verify_lens, accept_lens, fallback)
+        if self.retrieval is not None:
+            stats.retrieval_ece = self.retrieval.ece()
         # customized_info is per committed token, so it needs the accept lengths finish() just recorded
         logits_output = LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
             record_verify_lens=self.options.record_verify_lens))
@@ -372,8 +447,10 @@ class DSparkExtWorker(BaseSpecWorker):
         self.counters.add(stats)
         if self.metrics is not None:  # before policy.observe: the cost model predicts this step unrefined
             self._observe_metrics(stats, committed, None if fallback else conf)
+        if used is not None:
+            self.retrieval.observe(retrieval, used, verify_lens, accept_lens)
         if fallback is None:
-            self.calibration.record(conf_logits.cpu(), verify_lens, accept_lens, sampled=sampled.cpu())
+            self.calibration.record(conf_logits.cpu(), drafter_lens, accept_lens, sampled=sampled.cpu())
             self.calibration.maybe_refit()
             self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
                                             step_time_s=stats.verify_s, kv_lens=committed))

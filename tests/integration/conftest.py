@@ -152,9 +152,12 @@ class Server:
 
 
 def dspark_args(model: Path, drafter: Path, controller: str, *extra: str) -> list[str]:
+    """A DSPARK_EXT server. Retrieval drafts are off unless `extra` names --dspark-retrieval: most tests check the
+    drafter's own accounting (every verified draft the drafter's); test_dspark_retrieval.py turns them on."""
+    retrieval = [] if "--dspark-retrieval" in extra else ["--dspark-retrieval", "off"]
     return ["--model-path", str(model), *COMMON_ARGS, "--speculative-algorithm", "DSPARK_EXT",
             "--speculative-draft-model-path", str(drafter), "--dspark-controller", controller,
-            "--dspark-no-profile", *extra]  # no start-up cost profiling: it sends its own requests
+            "--dspark-no-profile", *retrieval, *extra]  # no start-up cost profiling: it sends its own requests
 
 
 def plain_args(model: Path) -> list[str]:

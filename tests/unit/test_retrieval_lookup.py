@@ -35,3 +35,26 @@ def test_matches_the_brute_force_reference_on_random_contexts():
         cont, n = suffix_continuation(np.array(ctx), k)
         ref, ref_n = _reference(ctx, k)
         assert (cont.tolist(), n) == (ref, ref_n), ctx
+
+
+def test_prompt_candidate_carries_match_length_and_occurrence_count():
+    from sglang_dspark.retrieval import prompt_candidate
+
+    ctx = np.array([9, 1, 2, 5, 1, 2, 6, 1, 2])
+    cand = prompt_candidate(ctx, 4, source=1)
+    assert cand.match_len == 2 and cand.count == 2 and cand.tokens.tolist() == [6, 1, 2]
+    assert cand.source == 1
+    assert prompt_candidate(np.array([1, 2, 3]), 4, source=1) is None
+    # agrees with suffix_continuation on random contexts
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        ctx = rng.integers(0, 4, size=int(rng.integers(3, 40)))
+        cont, n = suffix_continuation(ctx, 5)
+        cand = prompt_candidate(ctx, 5, source=1)
+        if cand is None:
+            assert n == 0 or cont.size == 0
+        else:
+            assert (cand.match_len, cand.tokens.tolist()) == (n, cont.tolist())
+            s = ctx[ctx.size - n:]
+            brute = sum(1 for i in range(ctx.size - n) if (ctx[i:i + n] == s).all() and i + n <= ctx.size - 1)
+            assert cand.count == brute

@@ -1,0 +1,146 @@
+"""Calibrated confidence for retrieval drafts: P(draft k accepted | drafts < k accepted, source, match-length
+bucket, count bucket), the same conditional quantity the drafter's confidence head predicts, so the controller can
+compare and schedule both kinds of proposal with one survival curve (the cumulative product).
+
+Each cell is a Beta posterior per draft position: a prior (fitted offline from greedy target outputs, fit_table, or
+the built-in one) refined online by every verify outcome. Served predictions are scored before they are refined:
+ece() is the per-position ECE of predicted prefix survival against "drafts 0..k all accepted", on the positions
+actually verified, as the drafter's calibration monitor measures it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+MATCH_LEN_EDGES = (1, 2, 3, 4, 6, 8, 12)  # bucket b holds match lengths in [EDGES[b], EDGES[b + 1])
+COUNT_EDGES = (1, 2, 4, 8)
+PRIOR_STRENGTH = 4.0  # pseudo-observations of the built-in prior per cell and position
+ECE_BINS = 20
+FILE_NAME = "retrieval_confidence.json"
+FORMAT_VERSION = 1
+
+
+def _bucket(value: int, edges) -> int:
+    return max(0, int(np.searchsorted(edges, value, side="right")) - 1)
+
+
+def builtin_prior(source: str, match_bucket: int, gamma: int) -> np.ndarray:
+    """Float[gamma, 2] Beta (alpha, beta): longer matches continue more often, later positions a little more
+    (a chain that survived k drafts is on a copied stretch). Refined within a few hundred verified positions."""
+    base = (0.25 if source == "prompt" else 0.2) + 0.07 * match_bucket
+    p = np.clip(base + 0.04 * np.arange(gamma), 0.05, 0.9)
+    return np.stack([p * PRIOR_STRENGTH, (1 - p) * PRIOR_STRENGTH], axis=1)
+
+
+class RetrievalConfidence:
+    def __init__(self, gamma: int, sources=("prompt", "corpus"), prior: dict | None = None):
+        self.gamma = gamma
+        self.sources = tuple(sources)
+        shape = (len(MATCH_LEN_EDGES), len(COUNT_EDGES), gamma, 2)
+        self.table = {s: np.zeros(shape) for s in self.sources}
+        for s in self.sources:
+            for m in range(shape[0]):
+                self.table[s][m, :] = builtin_prior(s, m, gamma)
+        if prior is not None:
+            self.load_prior(prior)
+        # per source: [gamma, bins] sums of predicted survival, of realised labels, and counts (binned ECE)
+        self._ece_sums = {s: np.zeros((3, gamma, ECE_BINS)) for s in self.sources}
+
+    # ------------------------------------------------------------------ prediction
+    def cell(self, source: str, match_len: int, count: int) -> tuple[int, int]:
+        return _bucket(match_len, MATCH_LEN_EDGES), _bucket(count, COUNT_EDGES)
+
+    def probs(self, source: str, match_len: int, count: int, n: int) -> np.ndarray:
+        """Float[n] conditional acceptance probability of the chain's first n positions (n <= gamma)."""
+        m, c = self.cell(source, match_len, count)
+        ab = self.table[source][m, c, :n]
+        return ab[:, 0] / ab.sum(1)
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, source: str, match_len: int, count: int, predicted: np.ndarray, verified: int,
+                accepted: int) -> None:
+        """One verify outcome of a chain: `verified` drafts checked, the first `accepted` of them accepted.
+        predicted: the conditional probabilities served for it (scored for ECE before the cell is refined)."""
+        if verified <= 0:
+            return
+        survival = np.cumprod(np.asarray(predicted[:verified], dtype=np.float64))
+        k = np.arange(verified)
+        bins = np.clip((survival * ECE_BINS).astype(int), 0, ECE_BINS - 1)
+        sums = self._ece_sums[source]
+        np.add.at(sums[0], (k, bins), survival)
+        np.add.at(sums[1], (k, bins), (k < accepted).astype(np.float64))
+        np.add.at(sums[2], (k, bins), 1.0)
+        m, c = self.cell(source, match_len, count)
+        cell = self.table[source][m, c]
+        hits = min(accepted, verified)
+        cell[:hits, 0] += 1.0
+        if accepted < verified:  # position `accepted` was the first rejected one; later ones were never reached
+            cell[accepted, 1] += 1.0
+
+    def ece(self, source: str) -> list[float]:
+        """Per draft position: ECE of the served survival predictions (NaN where nothing was scored)."""
+        pred, label, count = self._ece_sums[source]
+        n = count.sum(1)
+        gap = np.abs(pred - label).sum(1)
+        return [float(g / m) if m else float("nan") for g, m in zip(gap, n)]
+
+    def scored(self, source: str) -> list[int]:
+        """Per draft position: how many served predictions ece() is over."""
+        return [int(x) for x in self._ece_sums[source][2].sum(1)]
+
+    # ------------------------------------------------------------------ persistence
+    def to_json(self) -> dict:
+        return {"version": FORMAT_VERSION, "gamma": self.gamma, "match_len_edges": list(MATCH_LEN_EDGES),
+                "count_edges": list(COUNT_EDGES), "table": {s: t.tolist() for s, t in self.table.items()}}
+
+    def load_prior(self, data: dict) -> None:
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"retrieval confidence: unsupported version {data.get('version')!r}")
+        if list(data.get("match_len_edges", [])) != list(MATCH_LEN_EDGES) or \
+                list(data.get("count_edges", [])) != list(COUNT_EDGES):
+            raise ValueError("retrieval confidence: bucket edges differ from this version's")
+        for s, rows in data.get("table", {}).items():
+            if s not in self.table:
+                continue
+            arr = np.asarray(rows, dtype=np.float64)
+            if arr.ndim != 4 or arr.shape[:2] != self.table[s].shape[:2] or arr.shape[3] != 2 or \
+                    not np.isfinite(arr).all() or (arr <= 0).any():
+                raise ValueError(f"retrieval confidence: table {s!r} has shape {arr.shape} or non-positive counts")
+            g = min(self.gamma, arr.shape[2])
+            self.table[s][:, :, :g] = arr[:, :, :g]
+
+    @classmethod
+    def from_file(cls, gamma: int, path: str | Path | None, sources=("prompt", "corpus")) -> "RetrievalConfidence":
+        if path is None or not Path(path).exists():
+            return cls(gamma, sources)
+        return cls(gamma, sources, prior=json.loads(Path(path).read_text()))
+
+
+def fit_table(sequences, gamma: int, max_prior: float = 200.0) -> RetrievalConfidence:
+    """Offline prior from greedy target outputs: for every output position of every (prompt ids, output ids) pair,
+    the prompt-lookup chain that a T = 0 server would verify there and how far it matches the real continuation
+    (exact at T = 0: greedy outputs do not depend on speculation). Counts are capped at `max_prior` per cell and
+    position, so online refinement can still move a cell."""
+    from .lookup import prompt_candidate
+
+    conf = RetrievalConfidence(gamma, sources=("prompt",))
+    for prompt, output in sequences:
+        ctx = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
+        P = len(prompt)
+        for t in range(len(output)):
+            cand = prompt_candidate(ctx[: P + t], gamma, source=1)
+            if cand is None:
+                continue
+            truth = ctx[P + t: P + t + cand.tokens.size]
+            n = truth.size
+            same = cand.tokens[:n] == truth
+            accepted = int(np.argmin(same)) if not same.all() else n
+            conf.observe("prompt", cand.match_len, cand.count, conf.probs("prompt", cand.match_len, cand.count, n),
+                         n, accepted)
+    t = conf.table["prompt"]
+    total = t.sum(-1, keepdims=True)
+    conf.table["prompt"] = np.where(total > max_prior, t * (max_prior / np.maximum(total, 1e-9)), t)
+    return conf

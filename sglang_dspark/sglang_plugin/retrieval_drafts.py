@@ -1,0 +1,118 @@
+"""Retrieval proposals for one decode step, beside the drafter's block: per request, the better of its prompt /
+output lookup chain and the cross-request corpus chain (retrieval/, retrieval_corpus.py), each with calibrated
+per-position confidences (retrieval.RetrievalConfidence) on the drafter's scale, so the controller can pick the
+source per request and schedule both with the same survival curve.
+
+Structured-output requests are left to the grammar walk (grammar.py: it copies from the same lookup, masked).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sglang_dspark.retrieval import Candidate, RetrievalConfidence, prompt_candidate
+from sglang_dspark.retrieval.confidence import FILE_NAME
+from sglang_dspark.sglang_plugin.request_params import retrieval_modes
+from sglang_dspark.sglang_plugin.stats import SOURCE_CORPUS, SOURCE_NAMES, SOURCE_PROMPT
+
+logger = logging.getLogger(__name__)
+
+MODES = ("off", "prompt", "corpus", "both")
+
+
+@dataclass
+class RetrievalProposal:
+    tokens: torch.Tensor  # Long[R, G] (zeros past each chain)
+    probs: torch.Tensor  # Float32[R, G]: calibrated conditional acceptance, 0 past each chain
+    candidates: list  # per request: the Candidate proposed, or None
+
+    def expected(self) -> torch.Tensor:
+        """Float32[R]: expected accepted drafts if the whole chain is verified (sum of prefix survival)."""
+        return torch.cumprod(self.probs, 1).sum(1)
+
+    def has(self) -> torch.Tensor:
+        return torch.tensor([c is not None for c in self.candidates], dtype=torch.bool)
+
+
+class RetrievalDrafter:
+    def __init__(self, gamma: int, mode: str, drafter_dir: str | None):
+        if mode not in MODES:
+            raise ValueError(f"--dspark-retrieval must be one of {MODES}, got {mode!r}")
+        self.gamma, self.mode = gamma, mode
+        path = Path(drafter_dir) / FILE_NAME if drafter_dir else None
+        self.conf = RetrievalConfidence.from_file(gamma, path)
+        if path is not None and path.exists():
+            logger.info("DSPARK_EXT retrieval confidences: prior from %s", path)
+        self.corpus = None
+        if mode in ("corpus", "both"):
+            from sglang_dspark.sglang_plugin.retrieval_corpus import OutputCorpus
+
+            self.corpus = OutputCorpus.create(gamma)
+
+    def observe_batch(self, reqs) -> None:
+        """Every decode step: feed the corpus with what the batch committed."""
+        if self.corpus is not None:
+            self.corpus.add_outputs(reqs)
+
+    def propose(self, reqs, eligible: torch.Tensor) -> RetrievalProposal | None:
+        """eligible Bool[R]: requests that may get a retrieval chain (no grammar, speculation not switched off)."""
+        R, G = len(reqs), self.gamma
+        modes = retrieval_modes(reqs, self.mode)
+        want_prompt = [bool(eligible[i]) and modes[i] in ("prompt", "both") for i in range(R)]
+        want_corpus = [bool(eligible[i]) and modes[i] in ("corpus", "both") and self.corpus is not None
+                       for i in range(R)]
+        if not any(want_prompt) and not any(want_corpus):
+            return None
+        contexts = [_context(r) if (want_prompt[i] or want_corpus[i]) else None for i, r in enumerate(reqs)]
+        corpus = [None] * R
+        rows = [i for i in range(R) if want_corpus[i]]
+        if rows:
+            for i, cand in zip(rows, self.corpus.candidates([reqs[i].rid for i in rows], [contexts[i] for i in rows])):
+                corpus[i] = cand
+        tokens = torch.zeros(R, G, dtype=torch.int64)
+        probs = torch.zeros(R, G, dtype=torch.float32)
+        chosen: list[Candidate | None] = [None] * R
+        for i in range(R):
+            best, best_value = None, 0.0
+            options = [prompt_candidate(contexts[i], G, SOURCE_PROMPT) if want_prompt[i] else None, corpus[i]]
+            for cand in options:
+                if cand is None:
+                    continue
+                n = min(G, cand.tokens.size)
+                p = self.conf.probs(SOURCE_NAMES[cand.source], cand.match_len, cand.count, n)
+                value = float(np.cumprod(p).sum())
+                if value > best_value:
+                    best, best_value, best_p = cand, value, p
+            if best is not None:
+                n = best_p.size
+                tokens[i, :n] = torch.from_numpy(best.tokens[:n])
+                probs[i, :n] = torch.from_numpy(best_p.astype(np.float32))
+                chosen[i] = best
+        if all(c is None for c in chosen):
+            return None
+        return RetrievalProposal(tokens, probs, chosen)
+
+    def observe(self, proposal: RetrievalProposal, used: torch.Tensor, verify_lens: torch.Tensor,
+                accept_lens: torch.Tensor) -> None:
+        """Refine the confidence cells with the verify outcome of every chain the step used."""
+        for i in torch.nonzero(used).view(-1).tolist():
+            cand = proposal.candidates[i]
+            v = int(verify_lens[i])
+            if cand is None or v <= 0:
+                continue
+            self.conf.observe(SOURCE_NAMES[cand.source], cand.match_len, cand.count, proposal.probs[i].numpy(), v,
+                              int(accept_lens[i]))
+
+    def ece(self) -> dict[str, list[float]]:
+        return {s: self.conf.ece(s) for s in self.conf.sources}
+
+
+def _context(req) -> np.ndarray:
+    """A request's prompt + output tokens so far (SGLang keeps both as array('q'))."""
+    return np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
+                           np.asarray(req.output_ids, dtype=np.int64)])

@@ -1,0 +1,113 @@
+"""Retrieval confidences (retrieval.RetrievalConfidence, fit_table) and the cross-request corpus adapter
+(sglang_plugin.retrieval_corpus: SGLang's NgramCorpus as a library, its padded tree output read as one chain)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from sglang_dspark.retrieval import RetrievalConfidence
+from sglang_dspark.retrieval.confidence import PRIOR_STRENGTH, fit_table
+
+
+def test_online_counts_converge_to_the_true_conditional_rate_and_are_calibrated():
+    """Chains whose drafts are accepted independently with rate 0.7 per position: the served cell converges to 0.7
+    and the served survival predictions' ECE falls below 3 % per position."""
+    rng = np.random.default_rng(0)
+    conf = RetrievalConfidence(4, sources=("prompt",))
+    for _ in range(4000):
+        p = conf.probs("prompt", 3, 1, 4)
+        hits = rng.random(4) < 0.7
+        accepted = int(np.argmin(hits)) if not hits.all() else 4
+        conf.observe("prompt", 3, 1, p, 4, accepted)
+    assert conf.probs("prompt", 3, 1, 4) == pytest.approx([0.7] * 4, abs=0.03)
+    ece = conf.ece("prompt")
+    assert all(e < 0.03 for e in ece), ece
+    assert conf.scored("prompt") == [4000] * 4
+
+
+def test_a_miscalibrated_prior_shows_in_the_ece_before_it_is_learnt():
+    conf = RetrievalConfidence(2, sources=("prompt",))
+    p = conf.probs("prompt", 1, 1, 2)
+    for _ in range(10):  # every draft rejected while the prior says ~0.3-0.4
+        conf.observe("prompt", 1, 1, p, 2, 0)
+    ece = conf.ece("prompt")
+    assert ece[0] == pytest.approx(p[0], abs=1e-9)  # label 0 everywhere: ECE = mean predicted survival
+    assert ece[1] == pytest.approx(p[0] * p[1], abs=1e-9)  # verified too: its survival is scored against 0
+    assert math.isnan(RetrievalConfidence(2).ece("corpus")[0])  # nothing served: no ECE
+    assert conf.probs("prompt", 1, 1, 1)[0] < p[0]
+
+
+def test_rejection_counts_only_the_first_rejected_position():
+    conf = RetrievalConfidence(4, sources=("prompt",))
+    before = conf.table["prompt"][0, 0].copy()
+    conf.observe("prompt", 1, 1, conf.probs("prompt", 1, 1, 4), 4, 2)
+    delta = conf.table["prompt"][0, 0] - before
+    assert delta[:, 0] == pytest.approx([1, 1, 0, 0]) and delta[:, 1] == pytest.approx([0, 0, 1, 0])
+
+
+def test_buckets_separate_match_lengths_and_counts():
+    conf = RetrievalConfidence(3)
+    for _ in range(50):
+        conf.observe("prompt", 8, 4, conf.probs("prompt", 8, 4, 3), 3, 3)
+    assert conf.probs("prompt", 8, 4, 3).min() > 0.8
+    assert conf.probs("prompt", 2, 1, 3).max() < 0.6  # another cell: still the prior
+    assert conf.probs("corpus", 8, 4, 3).max() < 0.9
+
+
+def test_fit_table_learns_copyable_outputs_and_round_trips(tmp_path):
+    prompt = list(range(100, 160))
+    copy = [(prompt, prompt[10:50])]  # the answer copies the prompt: lookup chains are right
+    fitted = fit_table(copy, 5)
+    assert fitted.probs("prompt", 8, 1, 5).min() > 0.7
+    path = tmp_path / "retrieval_confidence.json"
+    path.write_text(json.dumps(fitted.to_json()))
+    loaded = RetrievalConfidence.from_file(5, path)
+    assert loaded.probs("prompt", 8, 1, 5) == pytest.approx(fitted.probs("prompt", 8, 1, 5))
+    assert fitted.table["prompt"].sum(-1).max() <= 200.0 + PRIOR_STRENGTH
+
+
+def test_bad_prior_files_are_refused(tmp_path):
+    good = RetrievalConfidence(3).to_json()
+    for broken in ({**good, "version": 9}, {**good, "count_edges": [1, 3]},
+                   {**good, "table": {"prompt": [[[[-1.0, 1.0]]]]}}):
+        with pytest.raises(ValueError):
+            RetrievalConfidence(3, prior=broken)
+
+
+def test_trie_output_is_read_as_one_chain_with_padding_removed():
+    from sglang_dspark.sglang_plugin.retrieval_corpus import chains_from_trie
+
+    w = 5
+    chain = np.tril(np.ones((w, w), dtype=int))
+    padded = np.eye(w, dtype=int)
+    padded[:, 0] = 1  # empty slots hang off slot 0
+    half = padded.copy()
+    half[:3] = chain[:3]  # two real drafts, then padding
+    ids = np.array([[7, 1, 2, 3, 4], [7, 0, 0, 0, 0], [7, 5, 0, 0, 0], [7, 0, 9, 0, 0]])
+    masks = np.stack([chain, padded, half, half])
+    out = chains_from_trie(ids.reshape(-1), masks.reshape(-1), 4, w)
+    assert out[0].tokens.tolist() == [1, 2, 3, 4] and out[0].source == 2
+    assert out[1] is None  # only padding: token 0 in slot 1 alone is no match
+    assert out[2].tokens.tolist() == [5, 0]  # a real token 0 inside a chain stays
+    assert out[3].tokens.tolist() == [0, 9]
+
+
+class _Req:
+    def __init__(self, rid, out):
+        self.rid, self.output_ids = rid, out
+
+
+def test_output_corpus_finds_other_requests_outputs_and_bounds_insertion():
+    from sglang_dspark.sglang_plugin.retrieval_corpus import OutputCorpus
+
+    corpus = OutputCorpus.create(4)
+    assert corpus is not None, "SGLang's n-gram extension must build here (it ships with sglang 0.5.23)"
+    a = _Req("a", [11, 12, 13, 14, 15, 16])
+    corpus.add_outputs([a])  # short output: not inserted while the request runs
+    assert corpus.candidates(["q1"], [[3, 11, 12]]) == [None]
+    corpus.add_outputs([])  # "a" left the batch: the rest of its output goes in
+    got = corpus.candidates(["q2"], [[3, 11, 12]])[0]
+    assert got is not None and got.tokens.tolist() == [13, 14, 15, 16]
+    assert corpus._inserted == {} and corpus._live == {}
