@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurement chain after a drafter fit (2026-11-30 session), in order; each step resumes or is cheap to redo.
+# The measurement chain after a drafter fit (as run on 2026-11-30), in order; each step resumes or is cheap to redo.
 #   1. ship the DSpark checkpoint (STS calibration + copy) and evaluate both drafters offline (tau, ECE);
 #   2. serving sweep on the quiet machine (nothing else running!), traces for the simulator;
 #   3. simulator + its validation against the serving rows.

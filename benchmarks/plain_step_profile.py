@@ -37,7 +37,7 @@ def _stat_fields(path: str) -> tuple[str, list[str]]:
 
 
 def cpu_seconds(srv: ServerProcess) -> dict[str, float]:
-    """CPU seconds so far of every process in the server's session (by command), and of each scheduler thread."""
+    """CPU seconds so far of every process the server started (same `getsid`, by command), and of each scheduler thread."""
     sid, out = os.getsid(srv.proc.pid), {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

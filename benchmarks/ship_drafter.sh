@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the shipped drafter and its evaluation from a finished `train fit` run (see BENCHMARKS.md for the
+# Reproduces the shipped drafter and its evaluation from a finished `train fit` run (see docs/benchmark-log.md for the
 # fit / capture commands and budget). Usage: bash benchmarks/ship_drafter.sh runs/dspark/step_300 runs/dflash/step_300
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 """Small-M bf16 GEMM for x86 CPUs without bf16 dot products (csrc/bf16_small_m_gemm.c), with a torch fallback.
 
-torch's bf16 CPU GEMM on an AVX2-only CPU costs in proportion to its rows (BENCHMARKS.md, "A second machine type"):
+torch's bf16 CPU GEMM on an AVX2-only CPU costs in proportion to its rows (BENCHMARKS.md, "CPU GEMM kernel"):
 the embedded model's lm_head takes 14 ms for one row and 107 ms for eight. One row already streams the weights at
 memory speed, so the C kernel reads each weight tile once, upcasts it in registers and uses it for every row:
 eight rows then cost 32 ms. Speculative verification lives on such 2-16-row GEMMs.

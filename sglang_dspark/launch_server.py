@@ -133,7 +133,7 @@ def cpu_bf16_note(argv: list[str], cpu_flags: set[str]) -> str | None:
                 "shape at start where they are faster (--dspark-cpu-gemm off keeps SGLang's bf16 GEMMs)")
     return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX), so batched bf16 decoding barely "
             "scales here; --dtype float32 served 1.7x the aggregate tok/s at 8 concurrent requests and 0.62x at 1 "
-            "on a 2-core AVX2 EPYC (BENCHMARKS.md, ninth session)")
+            "on a 2-core AVX2 EPYC (docs/benchmark-log.md, 2026-11-30)")
 
 
 def _cpu_flags() -> set[str]:

@@ -12,10 +12,10 @@ the steps it was drafted on (one doubtful draft does not stop drafting for a req
 request whose smoothed saving does not exceed its share of the draft pass counts as a zero step for the probe
 schedule, exactly like one verified at l = 0 under the other policies.
 
-Why not charge the next draft inside Algorithm 1 (the fifth/sixth sessions' rule): that priced each verify as if
+Why not charge the next draft inside Algorithm 1 (the rule before 2026-11-30's paired A/Bs): that priced each verify as if
 the draft were still to be paid, so on this CPU at one request (draft ~17 ms, plain step ~110 ms, a 1-token verify
 ~3 ms more) a draft had to survive with ~0.2 probability before anything was verified, and the drafts paid for on
-the other steps went unverified (BENCHMARKS.md, "Light load, seventh session").
+the other steps went unverified (docs/benchmark-log.md, 2026-11-30, "Light load").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and rejected verify positions (beyond the committed length) are simply overwritt
 
 Writes are deferred (`defer`) and applied in one batch (`flush`) right before the pool is read. Under load the
 controller drafts rarely (draft skipping), and one projection of many steps' tokens costs about what one step's
-costs on a CPU: a per-step write was ~1.2% of a plain decode step at 4 requests (BENCHMARKS.md, eighth session).
+costs on a CPU: a per-step write was ~1.2% of a plain decode step at 4 requests (docs/benchmark-log.md, 2026-11-30, "Plain-step overhead").
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "
 def cpu_identity() -> str:
     """Which CPU a cost model was measured on. Two 2-core cloud VMs differ several-fold: on an AVX2-only AMD EPYC a
     bf16 GEMM's cost grows linearly with its rows (no native bf16), on an AVX512-BF16 Xeon it barely does below 8
-    (BENCHMARKS.md, ninth session), so a cache from one must not price the other. Same value in the launcher and the
+    (BENCHMARKS.md, "CPU GEMM kernel"), so a cache from one must not price the other. Same value in the launcher and the
     scheduler process (no thread counts, which SGLang may set per process)."""
     import torch
 

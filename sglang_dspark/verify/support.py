@@ -2,8 +2,7 @@
 
 The dense rule (rejection.py) needs p as [R, G+1, V] and q as [R, G, V]. With the embedded model's vocabulary
 (V = 151,936) at 16 requests that is ~150 MB to build, zero and scan per step, plus a full-vocabulary sort for
-top-p: ~330 ms of acceptance work at R = 16, against ~460 ms for a whole T = 0 verify step (BENCHMARKS.md, "T > 0
-speculation, sixth session").
+top-p: ~330 ms of acceptance work at R = 16, against ~460 ms for a whole T = 0 verify step (BENCHMARKS.md, "T > 0").
 
 Both distributions are sparse where it matters:
   * p after top-k / top-p / min-p usually lives on a few tokens, found with topk(K) + one logsumexp instead of a

@@ -1,6 +1,6 @@
-"""Shared fixtures of the DSPARK_EXT integration tests: tiny models built once per session, real servers.
+"""Shared fixtures of the DSPARK_EXT integration tests: tiny models built once per test run, real servers.
 
-Models (session, in a tmp dir):
+Models (built once per test run, in a tmp dir):
   tiny    : 4-layer fp32 qwen2 with random weights + a random DSpark drafter (block 4).
   bigram  : the same target with attention/MLP outputs zeroed (logits depend on the current token only) and an
             untied lm_head that restricts every transition to a 12-token support, so the exact distribution of a

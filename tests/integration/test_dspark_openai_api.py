@@ -1,7 +1,7 @@
 """DSPARK_EXT behind SGLang's OpenAI API: concurrent streams with mixed sampling, abort without a KV leak,
 request validation, and the `dspark` response extension as standard clients see it.
 
-Server: the session's bigram + noisy drafter + `random:4` + --dspark-record-verify-lens (shared with the T=1 test).
+Server: the shared bigram + noisy drafter + `random:4` + --dspark-record-verify-lens (shared with the T=1 test).
 KV accounting: /v1/loads `num_used_tokens` = pool size - free - evictable (radix cache), republished by the
 scheduler when it goes fully idle; SGLang's idle leak check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, on by
 default) would also crash the scheduler on a leak, which /health then shows.
