@@ -13,7 +13,7 @@ import numpy as np
 class Candidate:
     """One retrieval proposal: a chain of tokens to verify after the request's last committed token."""
     tokens: np.ndarray  # Long[n]
-    match_len: int  # tokens of context the chain was matched on (0: unknown, e.g. the cross-request corpus)
+    match_len: int  # tokens of context the chain was matched on (the corpus: the chain length, its proxy)
     count: int  # earlier occurrences of that suffix in the context (the evidence behind the continuation)
     source: int  # stats.SOURCE_* of the plugin: 1 prompt lookup, 2 cross-request corpus
 

@@ -101,6 +101,7 @@ def chains_from_trie(ids: np.ndarray, mask: np.ndarray, n: int, width: int) -> l
             length = j
         if length == 1 and int(ids[r, 1]) == 0:
             length = 0
-        out.append(Candidate(tokens=ids[r, 1: 1 + length].astype(np.int64), match_len=0, count=0,
+        # the trie exports no match length: the chain's own length stands in for it (a deeper path, more evidence)
+        out.append(Candidate(tokens=ids[r, 1: 1 + length].astype(np.int64), match_len=length, count=0,
                              source=SOURCE_CORPUS) if length else None)
     return out
