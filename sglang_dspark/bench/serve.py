@@ -48,7 +48,7 @@ RUN_SETTINGS = ("max_tokens", "model", "drafter", "prompts")
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help=f"comma list of none, none-sync (no overlap scheduler), ngram, fixed:G, threshold:C, sps-topk, "
-                        f"dspark, dspark-async "
+                        f"dspark, dspark-async, dspark-noretrieval, retrieval-only, dspark-prompt "
                         f"(default: {DEFAULT_POLICIES})")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -132,6 +132,14 @@ def load_prompt_list(path: str | None, needed: int) -> list[tuple]:
     return [prompts[i % len(prompts)] for i in range(needed)]  # cycle a short file
 
 
+# DSPARK_EXT with one part switched, for A/Bs of the parts: policy name -> (controller, extra server flags)
+POLICY_VARIANTS = {
+    "dspark-noretrieval": ("dspark", ["--dspark-retrieval", "off"]),  # the drafter alone
+    "retrieval-only": ("dspark", ["--dspark-no-model-drafts"]),  # retrieval drafts alone, no drafter pass
+    "dspark-prompt": ("dspark", ["--dspark-retrieval", "prompt"]),  # drafter + prompt/output lookup, no corpus
+}
+
+
 def is_dspark_policy(policy: str) -> bool:
     return policy not in PLAIN_POLICIES + ("ngram",)
 
@@ -154,8 +162,9 @@ def server_flags(policy: str, args: argparse.Namespace) -> list[str]:
     if not (Path(drafter) / "config.json").exists():
         raise SystemExit(f"serve: policy {policy!r} needs a DSpark drafter; {drafter} has no config.json "
                          f"(train one or pass --drafter)")
+    controller, variant = POLICY_VARIANTS.get(policy, (policy, []))
     flags = ["--speculative-algorithm", "DSPARK_EXT", "--speculative-draft-model-path", drafter,
-             "--dspark-controller", policy]
+             "--dspark-controller", controller, *variant]
     if args.gamma is not None:
         flags += ["--dspark-gamma", str(args.gamma)]
     if args.cost_model:

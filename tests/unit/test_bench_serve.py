@@ -202,3 +202,18 @@ def test_matched_aggregate_gain_interpolates_along_the_frontier():
     gains = matched_aggregate_gain(rows, "dspark", "fixed:1")
     # 5 and 60 are outside dspark's measured range; 20 -> 8 per user (+100%), 40 -> 4 (+300%)
     assert [(g["aggregate_tok_s"], g["dspark_per_user"], g["gain"]) for g in gains] == [(20, 8.0, 1.0), (40, 4.0, 3.0)]
+
+
+def test_policy_variants_switch_one_part_of_dspark_ext(tmp_path):
+    import argparse
+
+    from sglang_dspark.bench.serve import server_flags
+
+    (tmp_path / "config.json").write_text("{}")
+    args = argparse.Namespace(model=None, server_args="", drafter=str(tmp_path), gamma=None, cost_model=None,
+                              ngram_args="")
+    off = server_flags("dspark-noretrieval", args)
+    assert off[off.index("--dspark-controller") + 1] == "dspark" and off[-2:] == ["--dspark-retrieval", "off"]
+    only = server_flags("retrieval-only", args)
+    assert "--dspark-no-model-drafts" in only and "--dspark-retrieval" not in only
+    assert "--dspark-retrieval" not in server_flags("dspark", args)  # the default: both sources
