@@ -2,7 +2,7 @@
 
 python -m sglang_dspark.eval_acceptance [--target DIR] [--drafter DIR] [--dataset X.jsonl ...] [--limit N]
     [--max-new-tokens M] [--temperature T] [--seed S] [--json OUT] [--plots DIR]
-    [--exclude-prompts DATA.jsonl ...] [--fit-sts STS.json]
+    [--exclude-prompts DATA.jsonl ...] [--fit-sts STS.json] [--fit-retrieval retrieval_confidence.json]
 
 Reports tau (bonus included), conditional acceptance and survival by position, and ECE / AUC of the predicted
 prefix survival, raw and after STS (temperatures from <drafter>/sts.json or --sts).
@@ -10,6 +10,9 @@ prefix survival, raw and after STS (temperatures from <drafter>/sts.json or --st
 --fit-sts fits STS on the rounds of this very run (free-running decoding, the way the server drafts) and writes the
 temperatures of this run's regime (greedy at T = 0, sampled at T > 0) into STS.json. Run it on prompts the drafter
 was not trained on (--exclude-prompts runs/data/generated.jsonl) and never on the eval sets it is scored on.
+--fit-retrieval (T = 0 only) fits the retrieval drafts' confidence prior (retrieval/confidence.py, fit_table) on this
+run's greedy outputs: at every output position, the prompt-lookup chain a T = 0 server would verify and how far it
+matches the real continuation. The server reads it as <drafter>/retrieval_confidence.json and refines it online.
 Finished prompts are appended to <json>.rounds.jsonl (or --rounds), so an interrupted run resumes.
 """
 
@@ -62,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit STS on this run's rounds and write this regime's temperatures there")
     p.add_argument("--sts-form", choices=["affine", "temperature"], default="affine",
                    help="--fit-sts: sigmoid(z/T + b) per position (default) or the paper's temperature only")
+    p.add_argument("--fit-retrieval", default=None, metavar="JSON",
+                   help="T = 0: fit the retrieval-draft confidence prior on this run's outputs and write it there")
     p.add_argument("--rounds", default=None, help="per-prompt rounds log for resuming (default: <json>.rounds.jsonl)")
     return p
 
@@ -73,6 +78,7 @@ class RoundsLog:
         self.path = path
         self.key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         self.done: dict[tuple[str, int], list[Round]] = {}
+        self.sequences: dict[tuple[str, int], tuple[list[int], list[int]]] = {}  # (prompt ids, output ids)
         if path and os.path.exists(path):
             with open(path) as f:
                 for line in f:
@@ -80,18 +86,27 @@ class RoundsLog:
                     if row and row["key"] == self.key:
                         self.done[(row["dataset"], row["index"])] = [
                             Round(n, a, t, torch.tensor(z)) for n, a, t, z in row["rounds"]]
+                        if "prompt_ids" in row:
+                            self.sequences[(row["dataset"], row["index"])] = (row["prompt_ids"], row["output_ids"])
 
-    def add(self, dataset: str, index: int, rounds: list[Round]) -> None:
+    def add(self, dataset: str, index: int, rounds: list[Round], prompt_ids=None, output_ids=None) -> None:
+        if prompt_ids is not None:
+            self.sequences[(dataset, index)] = (list(prompt_ids), list(output_ids))
         if not self.path:
             return
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps({"key": self.key, "dataset": dataset, "index": index, "rounds": [
-                [r.proposed, r.accepted, r.tau, r.conf_logits.float().tolist()] for r in rounds]}) + "\n")
+                [r.proposed, r.accepted, r.tau, r.conf_logits.float().tolist()] for r in rounds],
+                **({} if prompt_ids is None else {"prompt_ids": list(prompt_ids),
+                                                  "output_ids": list(output_ids)})}) + "\n")
 
 
 def run(args) -> dict:
     from transformers import AutoTokenizer
+
+    if args.fit_retrieval and args.temperature > 0:
+        raise ValueError("--fit-retrieval: fitted from greedy outputs only (--temperature 0)")
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = _DTYPES[args.dtype]
@@ -134,9 +149,10 @@ def run(args) -> dict:
                 rounds += log.done[(name, i)]
                 continue
             gen = torch.Generator(device=device).manual_seed(args.seed + i)
-            out = speculative_generate(target, drafter, render_prompt(tokenizer, turn), args.max_new_tokens,
+            prompt_ids = render_prompt(tokenizer, turn)
+            out = speculative_generate(target, drafter, prompt_ids, args.max_new_tokens,
                                        args.temperature, gen, stop_ids, args.draft_temperature)
-            log.add(name, i, out.rounds)
+            log.add(name, i, out.rounds, prompt_ids, out.tokens)
             rounds += out.rounds
         per_dataset[name] = {**acceptance_stats(rounds, B),
                              **{k: v for k, v in calibration_stats(rounds, B, temps, biases).items()
@@ -159,6 +175,8 @@ def run(args) -> dict:
     }
     if args.fit_sts:
         report["fitted_sts"] = fit_sts_from_rounds(all_rounds, B, args, regime)
+    if args.fit_retrieval:
+        report["fitted_retrieval"] = fit_retrieval_prior(list(log.sequences.values()), B, args)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -208,6 +226,23 @@ def fit_sts_from_rounds(rounds: list[Round], B: int, args, regime: str) -> dict:
     print(f"[eval] fitted STS ({regime}) on {len(rounds)} rounds: in-sample ECE {meta['ece_raw']:.4f} -> "
           f"{meta['ece_sts']:.4f}; T = {[round(t, 3) for t in temps]} b = {biases} -> {args.fit_sts}")
     return {"path": args.fit_sts, "regime": regime, "temperatures": temps, "biases": biases, **meta}
+
+
+def fit_retrieval_prior(sequences, B: int, args) -> dict:
+    from .retrieval.confidence import fit_table
+
+    if not sequences:
+        raise ValueError("--fit-retrieval: no outputs to fit on")
+    conf = fit_table(sequences, B)
+    os.makedirs(os.path.dirname(os.path.abspath(args.fit_retrieval)), exist_ok=True)
+    with open(args.fit_retrieval, "w") as f:
+        json.dump({**conf.to_json(), "fitted_on": {"sequences": len(sequences), "max_new_tokens": args.max_new_tokens,
+                                                   "prompts": [dataset_name(p) for p in args.dataset or
+                                                               default_datasets()]}}, f)
+    ece = conf.ece("prompt")
+    print(f"[eval] fitted retrieval prior on {len(sequences)} outputs (in-sample ECE by position "
+          f"{[round(e, 4) for e in ece]}) -> {args.fit_retrieval}")
+    return {"path": args.fit_retrieval, "sequences": len(sequences), "ece_in_sample": ece}
 
 
 def main(argv: list[str] | None = None) -> dict:

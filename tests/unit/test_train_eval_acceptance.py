@@ -170,3 +170,27 @@ def test_sampled_speculative_decoding_runs(setup):
     g = torch.Generator().manual_seed(3)
     out = speculative_generate(target, drafter, render_prompt(tok, "x y"), 16, 1.0, g)
     assert 1 <= len(out.tokens) <= 16 and all(1 <= r.tau <= 5 for r in out.rounds)
+
+
+def test_fit_retrieval_prior_from_greedy_outputs_resumes_and_loads(setup, monkeypatch):
+    """--fit-retrieval writes a prior the server's RetrievalConfidence loads; a resumed run fits the same table from
+    the rounds log (it keeps each prompt's ids and output), and T > 0 is refused."""
+    from sglang_dspark.retrieval import RetrievalConfidence
+
+    root, *_ = setup
+    out = root / "fitret" / "retrieval_confidence.json"
+    argv = ["--target", str(root / "target"), "--drafter", str(root / "drafter"), "--dataset", str(root / "b.jsonl"),
+            "--max-new-tokens", "24", "--temperature", "0", "--dtype", "fp32", "--fit-retrieval", str(out),
+            "--json", str(root / "fitret" / "r.json")]
+    report = eval_acceptance.main(argv)
+    doc = json.loads(out.read_text())
+    assert doc["fitted_on"]["sequences"] == report["fitted_retrieval"]["sequences"] == 3
+    loaded = RetrievalConfidence.from_file(4, out)
+    assert loaded.table["prompt"].shape[2] == 4
+    calls = []
+    monkeypatch.setattr(eval_acceptance, "speculative_generate", lambda *a, **k: calls.append(1))
+    again = eval_acceptance.main(argv)
+    assert calls == [] and json.loads(out.read_text())["table"] == doc["table"]
+    assert again["fitted_retrieval"]["sequences"] == 3
+    with pytest.raises(ValueError, match="greedy"):
+        eval_acceptance.main([a if a != "0" else "1" for a in argv[:-2]] + ["--json", str(root / "fitret" / "t1.json")])
