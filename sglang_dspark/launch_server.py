@@ -2,6 +2,12 @@
 
 Every SGLang flag passes through unchanged; we only fill in what the user left out: the embedded model, the shipped
 drafter with DSPARK_EXT, and on a machine without a GPU the CPU engine with a bounded KV cache.
+
+Speculation: none given (or `--speculative-algorithm DSPARK_EXT`) = DSPARK_EXT with the shipped drafter unless
+`--speculative-draft-model-path` names another; `--no-dspark` or `--speculative-algorithm NONE` = SGLang's plain
+decoding; any other SGLang algorithm (NGRAM, STANDALONE, ...) runs as SGLang's own, with nothing of DSPARK_EXT
+added (on CPU only the `intel_amx` attention backend, which SGLang's verify needs). An algorithm SGLang cannot run
+on this device is refused with its reason before SGLang starts.
 """
 
 from __future__ import annotations
@@ -14,6 +20,19 @@ from sglang_dspark.embedded import DEFAULT_DRAFTER_DIR, DEFAULT_TARGET_DIR
 from sglang_dspark.sglang_plugin.options import ALGORITHM_NAME
 
 CPU_MAX_TOTAL_TOKENS = 32768
+ALGORITHM_FLAG = "--speculative-algorithm"
+# SGLang 0.5.23 builtins whose server-arg check refuses a CPU device (speculative_hook._handle_dspark / _dflash /
+# UNO's handler); refused here in a line instead of after SGLang's imports (~15 s) with a traceback.
+CPU_REFUSED_ALGORITHMS = {
+    "DSPARK": f"SGLang's builtin DSpark runs on CUDA, NPU or XPU only; this package's DSpark is {ALGORITHM_NAME}, "
+              f"the launcher's default (leave --speculative-algorithm out or pass {ALGORITHM_NAME})",
+    "DFLASH": "SGLang's DFLASH runs on CUDA, NPU or XPU only",
+    "UNO": "SGLang's UNO runs on CUDA only",
+}
+# The CPU attention backend for SGLang's own speculative algorithms: torch_native has no TARGET_VERIFY / draft
+# support, intel_amx does (on a CPU without AMX through patches/sglang_keep_amx_backend.diff and the sgl_kernel
+# stand-in's attention ops). DSPARK_EXT verifies as an EXTEND batch and keeps torch_native.
+CPU_SPEC_ATTENTION_BACKEND = "intel_amx"
 
 
 def _has_flag(argv: list[str], *names: str) -> bool:
@@ -21,12 +40,27 @@ def _has_flag(argv: list[str], *names: str) -> bool:
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
+    """The flag's value; the last one when given twice, as argparse takes it."""
+    value = None
     for i, a in enumerate(argv):
         if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _without_flag(argv: list[str], name: str) -> list[str]:
+    """argv with every `name VALUE` / `name=VALUE` removed."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
 
 
 def _cuda_available() -> bool:
@@ -68,27 +102,45 @@ def build_argv(argv: list[str], cuda: bool) -> list[str]:
     if err:
         raise SystemExit(f"sglang_dspark: {err}")
 
-    algo = _flag_value(argv, "--speculative-algorithm")
+    algo = _flag_value(argv, ALGORITHM_FLAG)
+    if algo is not None and algo.upper() == "NONE":
+        # = --no-dspark. SGLang 0.5.23 keeps the string "NONE", which its tokenizer manager reads as speculation
+        # on, and the first finished request dies in _calculate_spec_decoding_metrics (IndexError).
+        argv = _without_flag(argv, ALGORITHM_FLAG)
+        algo, no_dspark = None, True
+    user_draft = _has_flag(argv, "--speculative-draft-model-path")
+    on_cpu = not cuda and (_flag_value(argv, "--device") or "cpu") == "cpu"
     if no_dspark:
-        if algo and algo.upper() not in ("NONE",):
-            raise SystemExit("sglang_dspark: --no-dspark conflicts with --speculative-algorithm " + algo)
-    elif algo is None and _dspark_available():
-        argv += ["--speculative-algorithm", ALGORITHM_NAME]
-        if not _has_flag(argv, "--speculative-draft-model-path"):
+        if algo is not None:
+            raise SystemExit(f"sglang_dspark: --no-dspark conflicts with {ALGORITHM_FLAG} {algo}")
+    elif algo is None:
+        if _dspark_available(user_draft):
+            argv += [ALGORITHM_FLAG, ALGORITHM_NAME]
+            if not user_draft:
+                argv += ["--speculative-draft-model-path", str(DEFAULT_DRAFTER_DIR)]
+    elif algo.upper() == ALGORITHM_NAME:  # explicit = the default
+        if not user_draft:
+            if not (DEFAULT_DRAFTER_DIR / "config.json").exists():
+                raise SystemExit(f"sglang_dspark: {ALGORITHM_NAME} needs --speculative-draft-model-path (the shipped "
+                                 f"drafter {DEFAULT_DRAFTER_DIR} has no config.json)")
             argv += ["--speculative-draft-model-path", str(DEFAULT_DRAFTER_DIR)]
+    elif on_cpu and algo.upper() in CPU_REFUSED_ALGORITHMS:
+        raise SystemExit(f"sglang_dspark: {ALGORITHM_FLAG} {algo} cannot run on this CPU: "
+                         f"{CPU_REFUSED_ALGORITHMS[algo.upper()]}")
+    sglang_spec = algo is not None and algo.upper() != ALGORITHM_NAME  # SGLang's own algorithm: nothing of ours
     draft = _flag_value(argv, "--speculative-draft-model-path")
     if draft:
         err = _check_model_dir("drafter path", draft)
         if err:
             raise SystemExit(f"sglang_dspark: {err}")
 
-    if not cuda:
+    if on_cpu:
         if not _has_flag(argv, "--device"):
             argv += ["--device", "cpu"]
         if not _has_flag(argv, "--max-total-tokens", "--mem-fraction-static"):
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
         if not _has_flag(argv, "--attention-backend"):
-            argv += ["--attention-backend", "torch_native"]
+            argv += ["--attention-backend", CPU_SPEC_ATTENTION_BACKEND if sglang_spec else "torch_native"]
     if not _has_flag(argv, "--host"):
         argv += ["--host", "127.0.0.1"]
     if not _has_flag(argv, "--port"):
@@ -96,8 +148,9 @@ def build_argv(argv: list[str], cuda: bool) -> list[str]:
     return argv
 
 
-def _dspark_available() -> bool:
-    if not (DEFAULT_DRAFTER_DIR / "config.json").exists():
+def _dspark_available(user_draft: bool = False) -> bool:
+    """DSPARK_EXT can be the default: a drafter (the user's or the shipped one) and the plugin importable."""
+    if not user_draft and not (DEFAULT_DRAFTER_DIR / "config.json").exists():
         return False
     try:
         import sglang_dspark.sglang_plugin.registration  # noqa: F401
@@ -144,7 +197,7 @@ def _cpu_flags() -> set[str]:
 
 def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
     """Profile only when DSPARK_EXT is on, profiling is allowed and no cost model is cached for this stack."""
-    algo = (_flag_value(argv, "--speculative-algorithm") or "").upper()
+    algo = (_flag_value(argv, ALGORITHM_FLAG) or "").upper()
     if algo != ALGORITHM_NAME or "--dspark-no-profile" in argv or _has_flag(argv, "--dspark-cost-model-path"):
         return False
     from sglang_dspark.sglang_plugin.cost_profile import cache_path, cost_key, verify_attention_kind
@@ -183,10 +236,18 @@ def main(argv: list[str] | None = None) -> None:
         from sglang_dspark.profile_warmup import start_in_background
 
         start_in_background(_flag_value(sglang_argv, "--host"), int(_flag_value(sglang_argv, "--port")))
+    refused = None
     try:
         run_server(server_args)
+    except ValueError as e:
+        if not getattr(server_args, "_resolution_failed", False):
+            raise  # not SGLang's argument resolution: keep the traceback
+        refused = e  # SGLang (or DSPARK_EXT's validate_server_args) refused the arguments; nothing started yet
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+    if refused is not None:  # the reason as the last line, after kill_process_tree's log line
+        print(f"sglang_dspark: SGLang refused the server arguments: {refused}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

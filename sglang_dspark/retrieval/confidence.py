@@ -30,7 +30,8 @@ def _bucket(value: int, edges) -> int:
 def builtin_prior(source: str, match_bucket: int, gamma: int) -> np.ndarray:
     """Float[gamma, 2] Beta (alpha, beta): longer matches continue more often, later positions a little more
     (a chain that survived k drafts is on a copied stretch). Refined within a few hundred verified positions."""
-    base = (0.25 if source == "prompt" else 0.2) + 0.07 * match_bucket
+    # the corpus starts lower: its chains come from other requests and its trie reports no match length
+    base = 0.2 + 0.07 * match_bucket if source == "prompt" else 0.1 + 0.04 * match_bucket
     p = np.clip(base + 0.04 * np.arange(gamma), 0.05, 0.9)
     return np.stack([p * PRIOR_STRENGTH, (1 - p) * PRIOR_STRENGTH], axis=1)
 
