@@ -31,10 +31,6 @@ class RetrievalProposal:
     probs: torch.Tensor  # Float32[R, G]: calibrated conditional acceptance, 0 past each chain
     candidates: list  # per request: the Candidate proposed, or None
 
-    def expected(self) -> torch.Tensor:
-        """Float32[R]: expected accepted drafts if the whole chain is verified (sum of prefix survival)."""
-        return torch.cumprod(self.probs, 1).sum(1)
-
     def has(self) -> torch.Tensor:
         return torch.tensor([c is not None for c in self.candidates], dtype=torch.bool)
 

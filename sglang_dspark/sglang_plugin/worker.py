@@ -32,6 +32,7 @@ from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMoni
                                    StepOutcome, make_policy, survival, unmet_floors)
 from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
 from sglang_dspark.control.plain_decode import GATED_POLICIES
+from sglang_dspark.control.source_choice import choose_retrieval, proposal_value, skip_drafting
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin import cpu_gemm
 from sglang_dspark.sglang_plugin.context_pool import DraftContextPool
@@ -244,25 +245,37 @@ class DSparkExtWorker(BaseSpecWorker):
             return None
 
     def _choose_sources(self, retrieval: RetrievalProposal | None, active: torch.Tensor, bs: int, conf: torch.Tensor,
-                        stats: StepStats) -> torch.Tensor | None:
-        """Bool[R] requests that verify their retrieval chain this step: it has a chain whose expected accepted drafts
-        (sum of prefix survival) beat the drafter's block for it (0 where the drafter did not draft it). Records the
-        source per request in stats and refreshes the drafter's smoothed expectation."""
+                        stats: StepStats, batch) -> torch.Tensor | None:
+        """Bool[R] requests that verify their retrieval chain this step (control/source_choice.py: the proposal
+        worth more at this step's verify-token price). Records the source per request in stats and refreshes the
+        drafter's smoothed worth, the bar for draft skipping."""
         drafted = _mask(active, bs)
-        drafter_value = torch.cumprod(conf.detach().float().cpu(), 1).sum(1)
+        price = self._token_price(batch)
+        conf_cpu = conf.detach().float().cpu()
         if bool(drafted.any()):
-            mean = float(drafter_value[drafted].mean())
+            mean = float(proposal_value(conf_cpu[drafted], price).mean())
             self.drafter_expected = mean if self.drafter_expected is None else 0.9 * self.drafter_expected + 0.1 * mean
         stats.sources = [SOURCE_DRAFTER if d else -1 for d in drafted.tolist()]
         if retrieval is None:
             return None
-        drafter_value = torch.where(drafted, drafter_value, torch.zeros_like(drafter_value))
-        used = retrieval.has() & (retrieval.expected() > drafter_value)
+        used = choose_retrieval(conf_cpu, drafted, retrieval.probs, retrieval.has(), price)
         if not bool(used.any()):
             return None
         for i in torch.nonzero(used).view(-1).tolist():
             stats.sources[i] = retrieval.candidates[i].source
         return used
+
+    def _token_price(self, batch) -> float:
+        """One more verify token's time over the time per committed token of a plain step (cost model), i.e. the
+        price of a draft in accepted tokens: near 0 on an idle engine, near 1 where a verify token costs a decode."""
+        if self.costs.profiling:
+            return 0.0
+        bs = len(batch.reqs)
+        kv = int(batch.seq_lens_cpu.sum())
+        plain = float(self.cost_model.predict(bs, bs, kv))
+        if plain <= 0:
+            return 0.0
+        return max(0.0, float(self.cost_model.predict(bs + 1, bs, kv)) - plain) * bs / plain
 
     def _verify_backend(self):
         """The target's attention backend, switched (once) to chain-only verify attention where we have one."""
@@ -284,8 +297,9 @@ class DSparkExtWorker(BaseSpecWorker):
         active = torch.ones(len(streak), dtype=torch.bool)
         if not self.options.model_drafts:
             return torch.zeros(0, dtype=torch.int64)
-        if retrieval is not None and self.drafter_expected is not None:
-            active &= ~(retrieval.has() & (retrieval.expected() >= self.drafter_expected))
+        if retrieval is not None:
+            active &= ~skip_drafting(retrieval.probs, retrieval.has(), self.drafter_expected,
+                                     self._token_price(batch))
         if self.options.draft_skip:
             active = self.probe_gate.active(streak, self.step_index)
         if caps is not None:
@@ -346,7 +360,7 @@ class DSparkExtWorker(BaseSpecWorker):
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits, sampled=sampled)
-            used = self._choose_sources(retrieval, active, bs, conf, stats)
+            used = self._choose_sources(retrieval, active, bs, conf, stats, batch)
             if used is not None:
                 drafts = torch.where(used.view(-1, 1).to(drafts.device), retrieval.tokens.to(drafts.device), drafts)
                 conf = torch.where(used.view(-1, 1).to(conf.device), retrieval.probs.to(conf.device, conf.dtype), conf)
