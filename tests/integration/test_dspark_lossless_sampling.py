@@ -116,6 +116,18 @@ def _server_samples(server, laws, custom_params=None):
     return cells, recs
 
 
+def sample_and_check(server, laws, custom_params=None, label: str = "T=1"):
+    """Server samples scored against the target law: (check result, records, verified, accepted, verify lens)."""
+    cells, recs = _server_samples(server, laws, custom_params)
+    res = check(laws["target"], cells)
+    verified = sum(r["verified"] for r in recs)
+    accepted = sum(r["accepted"] for r in recs)
+    lens = [v for r in recs for v in r["verify_lens"]]
+    print(label, res, "verified", verified, "accepted", accepted,
+          "verify-len histogram", np.bincount(lens, minlength=5).tolist())
+    return res, recs, verified, accepted, lens
+
+
 @pytest.mark.parametrize("drafts", ["greedy", "sampled", "none"])
 def test_samples_follow_the_exact_target_law(drafts, laws, bigram_random4_server):
     """drafts: the server's default greedy drafts (q is a point mass), sampled at the request's temperature
@@ -124,13 +136,7 @@ def test_samples_follow_the_exact_target_law(drafts, laws, bigram_random4_server
     draws itself instead of SGLang's sampler)."""
     custom = {"greedy": None, "sampled": {"dspark_draft_temperature": "request"},
               "none": {"dspark_max_verify": 0}}[drafts]
-    cells, recs = _server_samples(bigram_random4_server, laws, custom)
-    res = check(laws["target"], cells)
-    verified = sum(r["verified"] for r in recs)
-    accepted = sum(r["accepted"] for r in recs)
-    lens = [v for r in recs for v in r["verify_lens"]]
-    print("T=1 vs target:", res, "verified", verified, "accepted", accepted,
-          "verify-len histogram", np.bincount(lens, minlength=5).tolist())
+    res, recs, verified, accepted, lens = sample_and_check(bigram_random4_server, laws, custom, "T=1 vs target")
     assert res["kept_mass"] > 0.8, res  # the test really looks at the bulk of the law
     if drafts == "none":
         assert verified == 0 and set(lens) <= {0}, "dspark_max_verify = 0 must keep every step plain"

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 
 from tests.integration.conftest import Server, dspark_args, generate, plain_args
-from tests.integration.test_dspark_lossless_sampling import _server_samples, build_laws, check
+from tests.integration.test_dspark_lossless_sampling import build_laws, sample_and_check
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 openai = pytest.importorskip("openai")
@@ -109,14 +108,8 @@ def sampling_server(models, log_dir):
 
 
 def test_t1_samples_with_retrieval_drafts_follow_the_exact_law(sampling_server, models):
-    laws = build_laws(models)
-    cells, recs = _server_samples(sampling_server, laws)
-    res = check(laws["target"], cells)
-    verified = sum(r["verified"] for r in recs)
-    accepted = sum(r["accepted"] for r in recs)
-    lens = [v for r in recs for v in r["verify_lens"]]
-    print("T=1 retrieval drafts:", res, "verified", verified, "accepted", accepted,
-          "verify-len histogram", np.bincount(lens, minlength=5).tolist())
+    res, recs, verified, accepted, _ = sample_and_check(sampling_server, build_laws(models), None,
+                                                        "T=1 retrieval drafts:")
     assert 0 < accepted < verified, "point-mass retrieval drafts must be both accepted and rejected here"
     assert sum(r["draft_steps"] for r in recs) == 0
     assert res["kept_mass"] > 0.8, res
