@@ -28,7 +28,8 @@ from tqdm import tqdm
 from sglang_dspark.bench.machine import describe_machine
 from sglang_dspark.bench.load import run_load_sync
 from sglang_dspark.bench.report import RESULTS_DIR, markdown_table
-from sglang_dspark.bench.serve import _server, get_ready, load_prompt_list, parse_policies, safe_name
+from sglang_dspark.bench.serve import (_server, get_ready, is_dspark_policy, load_prompt_list, parse_policies,
+                                       safe_name)
 
 SETTINGS = ("policies", "max_tokens", "model", "drafter", "prompts", "server_args", "requests_per_round")
 
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 n = per_round(concurrency, args.requests_per_round)
                 batch = [prompts[(k * n + i) % len(prompts)] for i in range(n)]
                 order = policies[k % len(policies):] + policies[:k % len(policies)]
-                tok_s, span, tau = {}, {}, {}
+                tok_s, span, tau, by_source = {}, {}, {}, {}
                 for policy in order:
                     t0 = time.time()
                     res = run_load_sync(servers[policy].url, batch, concurrency, args.max_tokens,
@@ -152,21 +153,68 @@ def run(args: argparse.Namespace) -> list[dict]:
                     tok_s[policy] = summary["aggregate_tok_s"]
                     if summary.get("tau") is not None:
                         tau[policy] = summary["tau"]
+                    if summary.get("by_source"):
+                        by_source[policy] = summary["by_source"]
                     span[policy] = [round(t0, 3), round(time.time(), 3)]
                 rounds.append({"temperature": temperature, "concurrency": concurrency, "round": k,
-                               "order": order, "tok_s": tok_s, "span": span, "tau": tau})
+                               "order": order, "tok_s": tok_s, "span": span, "tau": tau,
+                               **({"by_source": by_source} if by_source else {})})
                 _save(out, {"settings": settings, "meta": meta, "rounds": rounds,
                             "rows": summarize(rounds, policies)})
                 bar.set_description(f"ab c={concurrency} T={temperature:g}")
                 bar.update(1)
             bar.close()
+            ece = {policy: scrape_retrieval_ece(srv.url) for policy, srv in servers.items()
+                   if is_dspark_policy(policy)}
+            data["retrieval_ece"] = {p: e for p, e in ece.items() if e} or data.get("retrieval_ece")
     rows = summarize(rounds, policies)
-    _save(out, {"settings": settings, "meta": {**data.get("meta", {}), **meta}, "rounds": rounds, "rows": rows})
+    _save(out, {"settings": settings, "meta": {**data.get("meta", {}), **meta}, "rounds": rounds, "rows": rows,
+                "sources": source_summary(rounds),
+                **({"retrieval_ece": data["retrieval_ece"]} if data.get("retrieval_ece") else {})})
     print(markdown_table(rows, ["policy", "reference", "temperature", "concurrency", "rounds", "ratio", "lo95",
                                 "hi95", "tok_s_mean", "reference_tok_s_mean"]))
     if not args.no_plots and rows:
         plot(rows, out.with_suffix(".png"))
     return rows
+
+
+def source_summary(rounds: list[dict]) -> list[dict]:
+    """Per (policy, concurrency, temperature, source): steps, share of the policy's request-steps, and tau of the
+    steps that source drafted (1 + accepted / steps), pooled over rounds."""
+    pooled: dict[tuple, dict[str, dict[str, int]]] = {}
+    for r in rounds:
+        for policy, sources in r.get("by_source", {}).items():
+            cell = pooled.setdefault((policy, r["concurrency"], r["temperature"]), {})
+            for source, counts in sources.items():
+                agg = cell.setdefault(source, {"steps": 0, "verified": 0, "accepted": 0})
+                for k in agg:
+                    agg[k] += counts[k]
+    out = []
+    for (policy, c, t), cell in pooled.items():
+        total = sum(v["steps"] for v in cell.values())
+        for source, v in cell.items():
+            out.append({"policy": policy, "concurrency": c, "temperature": t, "source": source, **v,
+                        "step_share": round(v["steps"] / total, 4) if total else None,
+                        "tau": round(1 + v["accepted"] / v["steps"], 4) if v["steps"] else None})
+    return out
+
+
+def scrape_retrieval_ece(url: str) -> dict[str, dict[str, float]]:
+    """{source: {position: ECE}} from a server's /metrics (empty when it exports none, e.g. metrics off)."""
+    import re
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    except Exception:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("sglang:dspark_retrieval_ece{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+        out.setdefault(labels.get("source", "?"), {})[labels.get("position", "?")] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _keep_trace(live: Path, keep: Path) -> None:

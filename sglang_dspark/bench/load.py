@@ -51,6 +51,14 @@ class LoadResult:
             out["tau"] = round(sum(s.get("accepted", 0) + s.get("verify_steps", 0) for s in stats) / steps, 4) if steps else None
             out["mean_verify_len"] = round(sum(s.get("verified", 0) for s in stats) / steps, 4) if steps else None
             out["wasted_verify_tokens"] = sum(s.get("verified", 0) - s.get("accepted", 0) for s in stats)
+            by_source: dict[str, dict[str, int]] = {}
+            for s in stats:
+                for source, counts in (s.get("by_source") or {}).items():
+                    agg = by_source.setdefault(source, {"steps": 0, "verified": 0, "accepted": 0})
+                    for k in agg:
+                        agg[k] += int(counts.get(k, 0))
+            if by_source:
+                out["by_source"] = by_source
         return out
 
 

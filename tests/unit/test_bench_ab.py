@@ -26,3 +26,37 @@ def test_summarize_skips_incomplete_rounds_and_needs_every_policy():
     (row,) = summarize(rounds, ["none", "dspark"])
     assert row["rounds"] == 3 and row["ratio"] == pytest.approx(1.2) and row["reference"] == "none"
     assert math.isclose(row["tok_s_mean"], 12.0) and math.isclose(row["reference_tok_s_mean"], 10.0)
+
+
+def test_source_summary_pools_rounds_per_policy_and_source():
+    from sglang_dspark.bench.ab import source_summary
+
+    rounds = [{"concurrency": 1, "temperature": 0.0,
+               "by_source": {"dspark": {"prompt": {"steps": 4, "verified": 10, "accepted": 8},
+                                        "drafter": {"steps": 4, "verified": 4, "accepted": 1}}}},
+              {"concurrency": 1, "temperature": 0.0,
+               "by_source": {"dspark": {"prompt": {"steps": 2, "verified": 2, "accepted": 0}}}},
+              {"concurrency": 1, "temperature": 0.0}]  # a round without sources (e.g. none only)
+    rows = {r["source"]: r for r in source_summary(rounds)}
+    assert rows["prompt"]["steps"] == 6 and rows["prompt"]["accepted"] == 8
+    assert rows["prompt"]["step_share"] == 0.6 and rows["drafter"]["step_share"] == 0.4
+    assert rows["prompt"]["tau"] == round(1 + 8 / 6, 4) and rows["drafter"]["tau"] == 1.25
+
+
+def test_scrape_retrieval_ece_reads_the_gauge(monkeypatch):
+    import io
+    import urllib.request
+
+    from sglang_dspark.bench.ab import scrape_retrieval_ece
+
+    text = ('# HELP x\nsglang:dspark_retrieval_ece{model_name="m",position="1",source="prompt"} 0.021\n'
+            'sglang:dspark_retrieval_ece{model_name="m",position="2",source="prompt"} 0.03\n'
+            'sglang:dspark_verified_tokens_total{model_name="m"} 5.0\n')
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: io.BytesIO(text.encode()))
+    assert scrape_retrieval_ece("http://x") == {"prompt": {"1": 0.021, "2": 0.03}}
+
+    def down(url, timeout):
+        raise OSError("refused")
+
+    monkeypatch.setattr(urllib.request, "urlopen", down)
+    assert scrape_retrieval_ece("http://x") == {}
