@@ -244,6 +244,9 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=policy)
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.axhline(0.97, color="gray", lw=0.8, ls=":")
+        # a 2-round interval can span orders of magnitude: keep the points readable, the bars run off the axes
+        top = max([r["ratio"] for r in rows if r["temperature"] == temperature and r["ratio"]] or [1.0])
+        ax.set_ylim(0, max(1.2, 1.4 * top))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(f"aggregate tok/s / {rows[0]['reference']}")
