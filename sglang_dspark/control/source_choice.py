@@ -6,6 +6,8 @@ tokens (S = prefix survival, the cumulative product of c) and costs l verify tok
 one more verify token in units of accepted tokens (0 on an idle engine, where every token is nearly free; higher
 under load), a proposal is worth max_l (sum_{j<l} S_j - token_price * l), and the better one is verified; the
 verify-length policy then picks l on its curve as usual. Ties go to the cheaper-to-make proposal (retrieval).
+A chain whose confidence cell has hardly been observed is valued at price 0 (optimism under uncertainty): were it
+priced out before its first verify outcomes, its cell would never learn.
 """
 
 from __future__ import annotations
@@ -13,21 +15,27 @@ from __future__ import annotations
 import torch
 
 
-def proposal_value(conf: torch.Tensor, token_price: float = 0.0) -> torch.Tensor:
-    """Float[R]: max over l in [0, G] of sum_{j<l} S_j - token_price * l, for conditional confidences conf [R, G]."""
+def proposal_value(conf: torch.Tensor, token_price: "float | torch.Tensor" = 0.0) -> torch.Tensor:
+    """Float[R]: max over l in [0, G] of sum_{j<l} S_j - token_price * l, for conditional confidences conf [R, G];
+    token_price a number or Float[R] (per request)."""
     s = torch.cumprod(conf.float().clamp(0.0, 1.0), dim=1)
-    gain = torch.cumsum(s - token_price, dim=1)
+    price = token_price.float().view(-1, 1) if isinstance(token_price, torch.Tensor) else token_price
+    gain = torch.cumsum(s - price, dim=1)
     return gain.max(dim=1).values.clamp_min(0.0)
 
 
 def choose_retrieval(drafter_conf: torch.Tensor, drafted: torch.Tensor, retrieval_conf: torch.Tensor,
-                     has_chain: torch.Tensor, token_price: float = 0.0) -> torch.Tensor:
+                     has_chain: torch.Tensor, token_price: float = 0.0,
+                     unexplored: torch.Tensor | None = None) -> torch.Tensor:
     """Bool[R]: requests that verify their retrieval chain rather than the drafter's block (a request the drafter
     did not draft has only its chain). drafter_conf, retrieval_conf: Float[R, G] calibrated conditional
-    confidences (0 past a chain's end); drafted, has_chain: Bool[R]."""
+    confidences (0 past a chain's end); drafted, has_chain: Bool[R]; unexplored: Bool[R], chains valued at price 0."""
     drafter = torch.where(drafted, proposal_value(drafter_conf, token_price), torch.full_like(drafted, -1.0,
                                                                                                dtype=torch.float32))
-    chain = proposal_value(retrieval_conf, token_price)
+    price = token_price
+    if unexplored is not None:
+        price = torch.where(unexplored, torch.zeros(()), torch.full(unexplored.shape, float(token_price)))
+    chain = proposal_value(retrieval_conf, price)
     return has_chain & (chain > 0) & (chain >= drafter)
 
 

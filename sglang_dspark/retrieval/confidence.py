@@ -47,6 +47,7 @@ class RetrievalConfidence:
                 self.table[s][m, :] = builtin_prior(s, m, gamma)
         if prior is not None:
             self.load_prior(prior)
+        self._prior_mass = {s: t[:, :, 0].sum(-1).copy() for s, t in self.table.items()}
         # per source: [gamma, bins] sums of predicted survival, of realised labels, and counts (binned ECE)
         self._ece_sums = {s: np.zeros((3, gamma, ECE_BINS)) for s in self.sources}
 
@@ -59,6 +60,11 @@ class RetrievalConfidence:
         m, c = self.cell(source, match_len, count)
         ab = self.table[source][m, c, :n]
         return ab[:, 0] / ab.sum(1)
+
+    def observations(self, source: str, match_len: int, count: int) -> int:
+        """Verify outcomes the cell has seen at its first position (prior pseudo-counts excluded)."""
+        m, c = self.cell(source, match_len, count)
+        return int(round(float(self.table[source][m, c, 0].sum()) - self._prior_mass[source][m, c]))
 
     # ------------------------------------------------------------------ learning
     def observe(self, source: str, match_len: int, count: int, predicted: np.ndarray, verified: int,

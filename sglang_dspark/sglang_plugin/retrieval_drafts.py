@@ -23,6 +23,7 @@ from sglang_dspark.sglang_plugin.stats import SOURCE_CORPUS, SOURCE_NAMES, SOURC
 logger = logging.getLogger(__name__)
 
 MODES = ("off", "prompt", "corpus", "both")
+EXPLORE_OBSERVATIONS = 16  # verify outcomes a confidence cell needs before its chains are priced like the drafter's
 
 
 @dataclass
@@ -30,6 +31,7 @@ class RetrievalProposal:
     tokens: torch.Tensor  # Long[R, G] (zeros past each chain)
     probs: torch.Tensor  # Float32[R, G]: calibrated conditional acceptance, 0 past each chain
     candidates: list  # per request: the Candidate proposed, or None
+    unexplored: torch.Tensor | None = None  # Bool[R]: its confidence cell has seen few verify outcomes yet
 
     def has(self) -> torch.Tensor:
         return torch.tensor([c is not None for c in self.candidates], dtype=torch.bool)
@@ -91,7 +93,9 @@ class RetrievalDrafter:
                 chosen[i] = best
         if all(c is None for c in chosen):
             return None
-        return RetrievalProposal(tokens, probs, chosen)
+        unexplored = torch.tensor([c is not None and self.conf.observations(SOURCE_NAMES[c.source], c.match_len, c.count)
+                                   < EXPLORE_OBSERVATIONS for c in chosen], dtype=torch.bool)
+        return RetrievalProposal(tokens, probs, chosen, unexplored)
 
     def observe(self, proposal: RetrievalProposal, used: torch.Tensor, verify_lens: torch.Tensor,
                 accept_lens: torch.Tensor) -> None:

@@ -258,7 +258,7 @@ class DSparkExtWorker(BaseSpecWorker):
         stats.sources = [SOURCE_DRAFTER if d else -1 for d in drafted.tolist()]
         if retrieval is None:
             return None
-        used = choose_retrieval(conf_cpu, drafted, retrieval.probs, retrieval.has(), price)
+        used = choose_retrieval(conf_cpu, drafted, retrieval.probs, retrieval.has(), price, retrieval.unexplored)
         if not bool(used.any()):
             return None
         for i in torch.nonzero(used).view(-1).tolist():

@@ -39,3 +39,11 @@ def test_skip_drafting_needs_a_measured_drafter_and_a_chain_at_least_as_good():
     has = torch.tensor([True, True, False])
     assert skip_drafting(chain, has, None).tolist() == [False, False, False]
     assert skip_drafting(chain, has, 0.5).tolist() == [True, False, False]
+
+
+def test_unexplored_chains_are_valued_at_price_zero():
+    chain = torch.tensor([[0.3, 0.3, 0.0], [0.3, 0.3, 0.0]])
+    none = torch.zeros(2, 3)
+    got = choose_retrieval(none, torch.tensor([False, False]), chain, torch.tensor([True, True]), token_price=0.5,
+                           unexplored=torch.tensor([True, False]))
+    assert got.tolist() == [True, False]  # priced out once its cell has been observed, explored before

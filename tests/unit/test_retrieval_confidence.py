@@ -111,3 +111,11 @@ def test_output_corpus_finds_other_requests_outputs_and_bounds_insertion():
     got = corpus.candidates(["q2"], [[3, 11, 12]])[0]
     assert got is not None and got.tokens.tolist() == [13, 14, 15, 16]
     assert corpus._inserted == {} and corpus._live == {}
+
+
+def test_observations_count_verify_outcomes_not_prior_mass():
+    conf = RetrievalConfidence(3, sources=("prompt",))
+    assert conf.observations("prompt", 3, 1) == 0
+    for _ in range(5):
+        conf.observe("prompt", 3, 1, conf.probs("prompt", 3, 1, 3), 3, 1)
+    assert conf.observations("prompt", 3, 1) == 5 and conf.observations("prompt", 8, 1) == 0
