@@ -266,16 +266,11 @@ class DSparkExtWorker(BaseSpecWorker):
         return used
 
     def _token_price(self, batch) -> float:
-        """One more verify token's time over the time per committed token of a plain step (cost model), i.e. the
-        price of a draft in accepted tokens: near 0 on an idle engine, near 1 where a verify token costs a decode."""
-        if self.costs.profiling:
-            return 0.0
-        bs = len(batch.reqs)
-        kv = int(batch.seq_lens_cpu.sum())
-        plain = float(self.cost_model.predict(bs, bs, kv))
-        if plain <= 0:
-            return 0.0
-        return max(0.0, float(self.cost_model.predict(bs + 1, bs, kv)) - plain) * bs / plain
+        """The price of a verify token in accepted tokens for the source choice. 0: every proposal is valued by its
+        whole expected accepted length, and the verify-length policy alone trades tokens against the cost model.
+        (A cost-model price, one more verify token's time over a plain step's time per committed token, lost chains
+        whose cells had not yet learnt anything and measured 0.94x none at c = 8-16: BENCHMARKS.md.)"""
+        return 0.0
 
     def _verify_backend(self):
         """The target's attention backend, switched (once) to chain-only verify attention where we have one."""
