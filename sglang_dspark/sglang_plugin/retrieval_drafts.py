@@ -66,7 +66,7 @@ class RetrievalDrafter:
                        for i in range(R)]
         if not any(want_prompt) and not any(want_corpus):
             return None
-        contexts = [_context(r) if (want_prompt[i] or want_corpus[i]) else None for i, r in enumerate(reqs)]
+        contexts = [token_context(r) if (want_prompt[i] or want_corpus[i]) else None for i, r in enumerate(reqs)]
         corpus = [None] * R
         rows = [i for i in range(R) if want_corpus[i]]
         if rows:
@@ -112,7 +112,7 @@ class RetrievalDrafter:
         return {s: self.conf.ece(s) for s in self.conf.sources}
 
 
-def _context(req) -> np.ndarray:
+def token_context(req) -> np.ndarray:
     """A request's prompt + output tokens so far (SGLang keeps both as array('q'))."""
     return np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
                            np.asarray(req.output_ids, dtype=np.int64)])

@@ -42,7 +42,7 @@ from sglang_dspark.sglang_plugin.grammar import (CopySources, GrammarDrafts, bat
                                                  walk_drafts)
 from sglang_dspark.sglang_plugin.options import DSparkOptions
 from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors, verify_caps
-from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalDrafter, RetrievalProposal
+from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalDrafter, RetrievalProposal, token_context
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.target_sampling import (apply_custom_processors, custom_processor_rows,
                                                          processed_logits, sample_plain, samples_plain_itself)
@@ -63,6 +63,13 @@ from sglang_dspark.verify.support import DraftDistribution, accept_rejection_pac
 logger = logging.getLogger(__name__)
 
 
+
+
+# Price of a verify token, in accepted tokens, when choosing a request's proposal (control/source_choice.py). 0: each
+# proposal is valued by its whole expected accepted length and the verify-length policy alone trades tokens against
+# the cost model. (A cost-model price kept chains whose cells had not learnt yet from ever being verified, and
+# measured 0.94x none at c = 8-16: BENCHMARKS.md.)
+SOURCE_TOKEN_PRICE = 0.0
 
 
 class DrafterFailure(RuntimeError):
@@ -225,8 +232,6 @@ class DSparkExtWorker(BaseSpecWorker):
 
     def _retrieve(self, batch, caps: torch.Tensor | None, grammar_rows) -> RetrievalProposal | None:
         """Retrieval chains for the requests that may speculate and have no grammar (the walk copies for those)."""
-        if self.retrieval is None:
-            return None
         self.retrieval.observe_batch(batch.reqs)
         eligible = torch.ones(len(batch.reqs), dtype=torch.bool)
         if caps is not None:
@@ -245,12 +250,12 @@ class DSparkExtWorker(BaseSpecWorker):
             return None
 
     def _choose_sources(self, retrieval: RetrievalProposal | None, active: torch.Tensor, bs: int, conf: torch.Tensor,
-                        stats: StepStats, batch) -> torch.Tensor | None:
+                        stats: StepStats) -> torch.Tensor | None:
         """Bool[R] requests that verify their retrieval chain this step (control/source_choice.py: the proposal
         worth more at this step's verify-token price). Records the source per request in stats and refreshes the
         drafter's smoothed worth, the bar for draft skipping."""
         drafted = _mask(active, bs)
-        price = self._token_price(batch)
+        price = SOURCE_TOKEN_PRICE
         conf_cpu = conf.detach().float().cpu()
         if bool(drafted.any()):
             mean = float(proposal_value(conf_cpu[drafted], price).mean())
@@ -264,13 +269,6 @@ class DSparkExtWorker(BaseSpecWorker):
         for i in torch.nonzero(used).view(-1).tolist():
             stats.sources[i] = retrieval.candidates[i].source
         return used
-
-    def _token_price(self, batch) -> float:
-        """The price of a verify token in accepted tokens for the source choice. 0: every proposal is valued by its
-        whole expected accepted length, and the verify-length policy alone trades tokens against the cost model.
-        (A cost-model price, one more verify token's time over a plain step's time per committed token, lost chains
-        whose cells had not yet learnt anything and measured 0.94x none at c = 8-16: BENCHMARKS.md.)"""
-        return 0.0
 
     def _verify_backend(self):
         """The target's attention backend, switched (once) to chain-only verify attention where we have one."""
@@ -294,7 +292,7 @@ class DSparkExtWorker(BaseSpecWorker):
             return torch.zeros(0, dtype=torch.int64)
         if retrieval is not None:
             active &= ~skip_drafting(retrieval.probs, retrieval.has(), self.drafter_expected,
-                                     self._token_price(batch))
+                                     SOURCE_TOKEN_PRICE)
         if self.options.draft_skip:
             active = self.probe_gate.active(streak, self.step_index)
         if caps is not None:
@@ -355,7 +353,7 @@ class DSparkExtWorker(BaseSpecWorker):
         if fallback is None:
             self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits, sampled=sampled)
-            used = self._choose_sources(retrieval, active, bs, conf, stats, batch)
+            used = self._choose_sources(retrieval, active, bs, conf, stats)
             if used is not None:
                 drafts = torch.where(used.view(-1, 1).to(drafts.device), retrieval.tokens.to(drafts.device), drafts)
                 conf = torch.where(used.view(-1, 1).to(conf.device), retrieval.probs.to(conf.device, conf.dtype), conf)
@@ -445,8 +443,7 @@ class DSparkExtWorker(BaseSpecWorker):
         bonus = accept.bonus_tokens.to(torch.int64)
 
         stats.finish(verify_lens, accept_lens, fallback)
-        if self.retrieval is not None:
-            stats.retrieval_ece = self.retrieval.ece()
+        stats.retrieval_ece = self.retrieval.ece()
         # customized_info is per committed token, so it needs the accept lengths finish() just recorded
         logits_output = LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
             record_verify_lens=self.options.record_verify_lens))
@@ -584,7 +581,7 @@ class DSparkExtWorker(BaseSpecWorker):
         conf_cpu = (torch.full((bs, self.gamma), -30.0) if conf_logits is None else conf_logits.float().cpu().clone())
         drafted = _mask(active, bs) if drafted_ok else torch.zeros(bs, dtype=torch.bool)
         greedy_drafts = (draft_temps == 0).cpu()
-        contexts = [_token_context(r) if getattr(r, "grammar", None) is not None else None for r in batch.reqs]
+        contexts = [token_context(r) if getattr(r, "grammar", None) is not None else None for r in batch.reqs]
         plan = walk_drafts(batch.reqs, drafts_cpu, conf_cpu, drafted, greedy_drafts,
                            batch.sampling_info.vocab_size, self._draft_scores if drafted_ok else None,
                            CopySources(contexts, self._tokenizer()))
@@ -644,14 +641,6 @@ def greedy_accept(drafts, verify_lens, packed_argmax, dense_index, backend: str 
     target_tokens = torch.zeros(bs, gamma + 1, dtype=torch.int64, device=drafts.device)
     target_tokens.view(-1)[dense_index.to(drafts.device)] = packed_argmax.to(drafts.device)
     return accept_greedy(drafts, lens, target_tokens)
-
-
-def _token_context(req):
-    """A request's prompt + output tokens so far (SGLang keeps both as array('q'))."""
-    import numpy as np
-
-    return np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
-                           np.asarray(req.output_ids, dtype=np.int64)])
 
 
 def _mask(indices: torch.Tensor, n: int) -> torch.Tensor:
