@@ -1,7 +1,8 @@
 """`python -m sglang_dspark.launch_server [SGLang flags...]`: SGLang's server with DSpark on and sane defaults.
 
 Every SGLang flag passes through unchanged; we only fill in what the user left out: the embedded model, the shipped
-drafter with DSPARK_EXT, and on a machine without a GPU the CPU engine with a bounded KV cache.
+drafter with DSPARK_EXT, and on a machine without a GPU the CPU engine with a bounded KV cache and a scheduler that
+sleeps while idle instead of spinning on a core.
 
 Speculation: none given (or `--speculative-algorithm DSPARK_EXT`) = DSPARK_EXT with the shipped drafter unless
 `--speculative-draft-model-path` names another; `--no-dspark` or `--speculative-algorithm NONE` = SGLang's plain
@@ -141,6 +142,10 @@ def build_argv(argv: list[str], cuda: bool) -> list[str]:
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
         if not _has_flag(argv, "--attention-backend"):
             argv += ["--attention-backend", CPU_SPEC_ATTENTION_BACKEND if sglang_spec else "torch_native"]
+        if not _has_flag(argv, "--sleep-on-idle"):
+            # SGLang's idle scheduler otherwise polls its sockets in a loop: a whole core of a 2-core machine burnt
+            # while no request is in, taken from the other servers and jobs on it; the sleeper wakes on a message
+            argv += ["--sleep-on-idle"]
     if not _has_flag(argv, "--host"):
         argv += ["--host", "127.0.0.1"]
     if not _has_flag(argv, "--port"):

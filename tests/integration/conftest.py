@@ -138,6 +138,20 @@ class Server:
             pass
         self.proc.wait(timeout=10)
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time so far of every live process in the server's group (launcher, tokenizer,
+        scheduler, detokenizer), from /proc."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.proc.pid:  # field 5, pgrp (start_new_session: the launcher's pid)
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / tick
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

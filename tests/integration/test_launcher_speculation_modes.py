@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -105,6 +106,15 @@ def _check_plain(server) -> str:
     return resp.choices[0].text
 
 
+def _idle_cpu_share(server, seconds: float = 4.0) -> float:
+    """Cores the server's processes used while no request was in (SGLang's scheduler busy-polls without
+    --sleep-on-idle, which the launcher adds on CPU)."""
+    time.sleep(1.0)  # let the last request's detokenize / log work settle
+    before, t0 = server.cpu_seconds(), time.monotonic()
+    time.sleep(seconds)
+    return (server.cpu_seconds() - before) / (time.monotonic() - t0)
+
+
 def _same_as_plain(text: str) -> None:
     if "no_dspark" in PLAIN_TEXT:
         assert text == PLAIN_TEXT["no_dspark"], (text, PLAIN_TEXT["no_dspark"])
@@ -139,6 +149,10 @@ def default_server(models, log_dir):
 class TestNoDspark:
     def test_plain_decoding(self, no_dspark_server):
         PLAIN_TEXT["no_dspark"] = _check_plain(no_dspark_server)
+
+    def test_idle_server_sleeps(self, no_dspark_server):
+        share = _idle_cpu_share(no_dspark_server)
+        assert share < 0.25, f"an idle plain server used {share:.2f} cores"
 
 
 class TestAlgorithmNone:
@@ -185,6 +199,10 @@ class TestDefaultDsparkExt:
         assert isinstance(rec, dict) and rec["verified"] == 0 and rec["draft_steps"] == 0, rec
         _same_as_plain(resp.choices[0].text)
         _healthy(server)
+
+    def test_idle_server_sleeps(self, default_server):
+        share = _idle_cpu_share(default_server)
+        assert share < 0.25, f"an idle DSPARK_EXT server used {share:.2f} cores"
 
 
 def _launch_expecting_refusal(models, *flags: str, timeout_s: float = 300) -> subprocess.CompletedProcess:

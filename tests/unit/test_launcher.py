@@ -24,6 +24,8 @@ def test_cpu_defaults_filled_in(tmp_path, monkeypatch):
     assert int(_val(argv, "--max-total-tokens")) > 0
     assert _val(argv, "--host") == "127.0.0.1" and _val(argv, "--port") == "30000"
     assert "--speculative-algorithm" not in argv
+    assert argv.count("--sleep-on-idle") == 1
+    assert ls.build_argv(["--model-path", str(model), "--sleep-on-idle"], cuda=False).count("--sleep-on-idle") == 1
 
 
 def test_user_flags_win_and_pass_through(tmp_path, monkeypatch):
@@ -43,7 +45,7 @@ def test_gpu_adds_no_cpu_flags(tmp_path, monkeypatch):
     monkeypatch.setattr(ls, "_dspark_available", lambda *a: False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     argv = ls.build_argv(["--model-path", "org/hub-model"], cuda=True)
-    assert "--device" not in argv and "--max-total-tokens" not in argv
+    assert "--device" not in argv and "--max-total-tokens" not in argv and "--sleep-on-idle" not in argv
 
 
 def test_default_model_is_embedded(monkeypatch):
