@@ -4,7 +4,8 @@ Why not `bench serve` + `bench repeats`: one server at a time, so whatever else 
 (measured: `none` at c = 1 gave 5.8, 7.7 and 8.4 tok/s in three runs of the same hour) lands on one policy's row
 and not the other's, and three repeats resolve only differences above ~15%. Here every policy's server runs at
 once (idle ones sleep: --sleep-on-idle), and each round sends the same short burst (same prompts, same
-concurrency) to every server back to back, in a rotating order. A slow minute then hits both sides of a pair, and
+concurrency) to every server back to back, in a rotating order; no two rounds (nor the warm-up) share a prompt, so
+no server replays an output it remembers. A slow minute then hits both sides of a pair, and
 the per-round ratio cancels it. Reported per policy: the geometric mean of its per-round aggregate tok/s ratio to
 the reference policy, with a 95% t-interval over rounds.
 
@@ -61,6 +62,24 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def per_round(concurrency: int, requests_per_round: int | None) -> int:
     return max(2, concurrency) if requests_per_round is None else requests_per_round
+
+
+WARM_PROMPTS = 4  # warm-up / cost-profiling requests, on prompts no round measures
+
+
+def prompt_plan(temperatures, concurrency_levels, rounds: int, requests_per_round: int | None) -> tuple[dict, range, int]:
+    """({(temperature, concurrency, round): index range into the prompt list}, warm-up index range, prompts needed).
+    Every round and the warm-up get prompts of their own: a server keeps what it generated (its prefix cache, the
+    DSPARK_EXT output corpus, NGRAM's trie), so a prompt seen before would be replayed from memory at T = 0 and
+    flatter the servers that remember over `none`."""
+    plan, start = {}, 0
+    for t in temperatures:
+        for c in concurrency_levels:
+            n = per_round(c, requests_per_round)
+            for k in range(rounds):
+                plan[(t, c, k)] = range(start, start + n)
+                start += n
+    return plan, range(start, start + WARM_PROMPTS), start + WARM_PROMPTS
 
 
 def paired_ratio(values: list[float], reference: list[float]) -> dict:
@@ -125,8 +144,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     meta = {"date": dt.date.today().isoformat(), "machine": describe_machine(),
             "command": "python -m sglang_dspark.bench ab " + shlex.join(_cli_argv())}
     if todo:
-        needed = max(per_round(c, args.requests_per_round) for c in args.concurrency) * args.rounds
+        plan, warm_range, needed = prompt_plan(args.temperatures, args.concurrency, args.rounds,
+                                               args.requests_per_round)
         prompts = load_prompt_list(args.prompts, needed)
+        unique = len({p[1] for p in prompts})
+        if unique < needed:
+            print(f"ab: only {unique} distinct prompts for {needed} requests: some rounds repeat a prompt an earlier "
+                  f"round or the warm-up sent (servers that remember outputs gain from it)", file=sys.stderr)
+        meta["prompt_repeats"] = needed - unique
+        warm = [prompts[i] for i in warm_range]
         args.url, args.trace_file = None, None  # _server / get_ready read these (bench serve's options)
         if "--sleep-on-idle" not in args.server_args:
             args.server_args = (args.server_args + " --sleep-on-idle").strip()
@@ -137,12 +163,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                 srv = stack.enter_context(_server(policy, args, trace_dir))
                 if srv.trace_path is not None:  # keep the whole trace: _server deletes its live file on exit
                     stack.callback(_keep_trace, srv.trace_path, trace_dir / f"{safe_name(policy)}.jsonl")
-                get_ready(srv, policy, args, prompts, args.temperatures)
+                get_ready(srv, policy, args, warm, args.temperatures)
                 servers[policy] = srv
             bar = tqdm(total=len(todo), desc="ab rounds")
             for temperature, concurrency, k in todo:
-                n = per_round(concurrency, args.requests_per_round)
-                batch = [prompts[(k * n + i) % len(prompts)] for i in range(n)]
+                batch = [prompts[i] for i in plan[(temperature, concurrency, k)]]
                 order = policies[k % len(policies):] + policies[:k % len(policies)]
                 tok_s, span, tau, by_source = {}, {}, {}, {}
                 for policy in order:

@@ -60,3 +60,14 @@ def test_scrape_retrieval_ece_reads_the_gauge(monkeypatch):
 
     monkeypatch.setattr(urllib.request, "urlopen", down)
     assert scrape_retrieval_ece("http://x") == {}
+
+
+def test_prompt_plan_gives_every_round_and_the_warm_up_prompts_of_their_own():
+    from sglang_dspark.bench.ab import WARM_PROMPTS, per_round, prompt_plan
+
+    plan, warm, needed = prompt_plan([0.0, 1.0], [1, 8, 16], 4, None)
+    seen = [i for r in plan.values() for i in r] + list(warm)
+    assert len(seen) == len(set(seen)) == needed  # disjoint, and nothing asked for beyond the list
+    assert needed == 2 * 4 * (2 + 8 + 16) + WARM_PROMPTS
+    assert all(len(plan[(t, c, k)]) == per_round(c, None) for (t, c, k) in plan)
+    assert len(prompt_plan([0.0], [4], 3, 5)[0][(0.0, 4, 2)]) == 5  # --requests-per-round wins
