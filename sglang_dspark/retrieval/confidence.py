@@ -47,7 +47,6 @@ class RetrievalConfidence:
                 self.table[s][m, :] = builtin_prior(s, m, gamma)
         if prior is not None:
             self.load_prior(prior)
-        self._prior_mass = {s: t[:, :, 0].sum(-1).copy() for s, t in self.table.items()}
         # per source: [gamma, bins] sums of predicted survival, of realised labels, and counts (binned ECE)
         self._ece_sums = {s: np.zeros((3, gamma, ECE_BINS)) for s in self.sources}
 
@@ -62,9 +61,10 @@ class RetrievalConfidence:
         return ab[:, 0] / ab.sum(1)
 
     def observations(self, source: str, match_len: int, count: int) -> int:
-        """Verify outcomes the cell has seen at its first position (prior pseudo-counts excluded)."""
+        """Outcomes behind the cell's first position beyond the built-in prior's pseudo-counts: online verify
+        outcomes, plus those of a fitted prior (fit_table's counts are real evidence, so its cells start explored)."""
         m, c = self.cell(source, match_len, count)
-        return int(round(float(self.table[source][m, c, 0].sum()) - self._prior_mass[source][m, c]))
+        return max(0, int(round(float(self.table[source][m, c, 0].sum()) - PRIOR_STRENGTH)))
 
     # ------------------------------------------------------------------ learning
     def observe(self, source: str, match_len: int, count: int, predicted: np.ndarray, verified: int,

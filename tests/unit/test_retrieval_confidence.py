@@ -119,3 +119,19 @@ def test_observations_count_verify_outcomes_not_prior_mass():
     for _ in range(5):
         conf.observe("prompt", 3, 1, conf.probs("prompt", 3, 1, 3), 3, 1)
     assert conf.observations("prompt", 3, 1) == 5 and conf.observations("prompt", 8, 1) == 0
+
+
+def test_a_fitted_prior_counts_as_evidence_where_it_saw_chains():
+    import numpy as np
+
+    from sglang_dspark.retrieval.confidence import fit_table
+
+    ctx = [5, 6, 7, 8] * 6
+    fitted = fit_table([(ctx[:8], ctx[8:])], 3)  # a cycle: every lookup chain is right
+    loaded = RetrievalConfidence(3, sources=("prompt",), prior=fitted.to_json())
+    seen = [(m, c) for m in (2, 3, 4, 6, 8) for c in (1, 2, 4) if loaded.observations("prompt", m, c) > 0]
+    assert seen, "the fit observed chains, so some cells must start explored"
+    m, c = seen[0]
+    assert loaded.observations("prompt", m, c) == fitted.observations("prompt", m, c)
+    assert np.all(loaded.probs("prompt", m, c, 3) > RetrievalConfidence(3).probs("prompt", m, c, 3))
+    assert loaded.observations("prompt", 1, 8) == 0  # a cell the fit never saw stays unexplored

@@ -1,0 +1,109 @@
+"""Fit the retrieval drafts' confidence prior from greedy outputs of a real server.
+
+    python -m sglang_dspark.eval.retrieval_prior [--prompts train/livecodebench.jsonl ...] [--limit 16]
+        [--max-tokens 256] [--concurrency 8] [--out <drafter>/retrieval_confidence.json]
+
+Starts the target without speculation (`--no-dspark`, the serving dtype), sends each prompt through the chat
+template at T = 0 and fits retrieval.confidence.fit_table on (prompt ids, output ids): at every output position, the
+prompt/output lookup chain a T = 0 server would verify there and how far it matches what the target really said
+(exact: greedy outputs do not depend on speculation). The default prompts are training sets, none of the eval mix
+the benchmarks measure. Outputs are cached next to --out (`.outputs.jsonl`), so a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tqdm import tqdm
+
+DEFAULT_PROMPTS = ("train/livecodebench.jsonl", "train/arena-hard-v2.jsonl", "train/swe-bench.jsonl",
+                   "train/aime24.jsonl")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from sglang_dspark.embedded import DEFAULT_DRAFTER_DIR, DEFAULT_TARGET_DIR
+
+    p = argparse.ArgumentParser(prog="python -m sglang_dspark.eval.retrieval_prior", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=str(DEFAULT_TARGET_DIR))
+    p.add_argument("--drafter", default=str(DEFAULT_DRAFTER_DIR), help="where the prior goes by default; its "
+                   "block_size is the number of positions fitted")
+    p.add_argument("--prompts", nargs="+", default=list(DEFAULT_PROMPTS))
+    p.add_argument("--limit", type=int, default=16, help="prompts per file")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--server-args", default="", help="extra flags for the server (e.g. --dtype float32)")
+    p.add_argument("--out", default=None, help="default: <drafter>/retrieval_confidence.json")
+    return p.parse_args(argv)
+
+
+def _gamma(drafter: str) -> int:
+    return int(json.loads((Path(drafter) / "config.json").read_text())["block_size"])
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def collect(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int, cache: Path) -> list[tuple]:
+    """(prompt ids, greedy output ids) per prompt; the ones in `cache` are not asked again."""
+    import requests
+
+    done = {}
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            row = json.loads(line)
+            done[tuple(row["prompt"])] = row["output"]
+    todo = [p for p in prompts if tuple(p) not in done]
+
+    def one(ids: list[int]) -> tuple[list[int], list[int]]:
+        r = requests.post(url + "/generate", timeout=3600, json={
+            "input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}})
+        r.raise_for_status()
+        return ids, r.json()["output_ids"]
+
+    with ThreadPoolExecutor(concurrency) as pool, open(cache, "a") as f:
+        for ids, out in tqdm(pool.map(one, todo), total=len(todo), desc="greedy outputs"):
+            done[tuple(ids)] = out
+            f.write(json.dumps({"prompt": ids, "output": out}) + "\n")
+            f.flush()
+    return [(list(p), done[tuple(p)]) for p in prompts]
+
+
+def main(argv=None) -> dict:
+    import shlex
+
+    from transformers import AutoTokenizer
+
+    from sglang_dspark.bench.machine import describe_machine
+    from sglang_dspark.bench.prompts import load_prompts
+    from sglang_dspark.bench.server import ServerProcess
+    from sglang_dspark.retrieval.confidence import FILE_NAME, fit_table
+
+    args = parse_args(argv)
+    out = Path(args.out) if args.out else Path(args.drafter) / FILE_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cache = out.with_name(out.stem + ".outputs.jsonl")
+    tok = AutoTokenizer.from_pretrained(args.model)
+    texts = [t for path in args.prompts for t in load_prompts(path, args.limit)]
+    ids = [prompt_ids(tok, t) for t in texts]
+    flags = ["--model-path", args.model, "--no-dspark", *shlex.split(args.server_args)]
+    with ServerProcess(flags, startup_timeout_s=900) as srv:
+        sequences = collect(srv.base_url, ids, args.max_tokens, args.concurrency, cache)
+    gamma = _gamma(args.drafter)
+    conf = fit_table(sequences, gamma)
+    data = {**conf.to_json(), "fitted_on": {"prompts": list(args.prompts), "sequences": len(sequences),
+                                           "max_tokens": args.max_tokens, "machine": describe_machine()}}
+    out.write_text(json.dumps(data) + "\n")
+    scored = conf.scored("prompt")
+    print(f"retrieval prior: {len(sequences)} outputs, {sum(len(o) for _, o in sequences)} tokens; lookup chains "
+          f"scored per position {scored}; in-sample ECE {[round(e, 4) for e in conf.ece('prompt')]} -> {out}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
