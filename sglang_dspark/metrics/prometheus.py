@@ -19,7 +19,8 @@ By source (label source = drafter | prompt | corpus: where a request-step's veri
 with nothing proposed, and fallback steps, have no source), over the same request-steps as the records' by_source:
     request_steps_by_source_total{source=s}   = sum(record["by_source"][s]["steps"])
     verified_tokens_by_source_total{source=s} = sum(record["by_source"][s]["verified"])   (likewise accepted)
-retrieval_ece{source, position} is the online ECE of a retrieval source's calibrated confidences at draft position p.
+retrieval_ece{source, position} is the online ECE of a retrieval source's calibrated confidences at draft position p,
+over the last retrieval.confidence.ECE_WINDOW predictions verified there.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
     "calibration_ece": ("gauge", "Online ECE of predicted prefix survival at draft position p (1-based).",
                         ("position",), {}),
     "retrieval_ece": ("gauge", "Online ECE of a retrieval source's calibrated confidences at draft position p "
-                      "(1-based).", ("source", "position"), {}),
+                      "(1-based), over its last 1024 verified predictions.", ("source", "position"), {}),
     "controller_info": ("gauge", "Constant 1; labels name the verify-length controller, gamma and drafter.",
                         ("controller", "gamma", "drafter"), {}),
 }

@@ -5,7 +5,8 @@ compare and schedule both kinds of proposal with one survival curve (the cumulat
 Each cell is a Beta posterior per draft position: a prior (fitted offline from greedy target outputs, fit_table, or
 the built-in one) refined online by every verify outcome. Served predictions are scored before they are refined:
 ece() is the per-position ECE of predicted prefix survival against "drafts 0..k all accepted", on the positions
-actually verified, as the drafter's calibration monitor measures it.
+actually verified, over the last ECE_WINDOW scored predictions per position (the drafter's calibration monitor
+likewise restarts its statistics at every refit); ece(..., window=False) is over everything served.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ MATCH_LEN_EDGES = (1, 2, 3, 4, 6, 8, 12)  # bucket b holds match lengths in [EDG
 COUNT_EDGES = (1, 2, 4, 8)
 PRIOR_STRENGTH = 4.0  # pseudo-observations of the built-in prior per cell and position
 ECE_BINS = 20
+ECE_WINDOW = 1024  # served predictions per position the reported ECE is over: the current calibration, not the cold start
+CELL_MEMORY = 512.0  # outcomes a cell keeps per position: older ones fade, so a cell follows a changing request mix
 FILE_NAME = "retrieval_confidence.json"
 FORMAT_VERSION = 1
 
@@ -49,6 +52,9 @@ class RetrievalConfidence:
             self.load_prior(prior)
         # per source: [gamma, bins] sums of predicted survival, of realised labels, and counts (binned ECE)
         self._ece_sums = {s: np.zeros((3, gamma, ECE_BINS)) for s in self.sources}
+        # per source: ring of the last ECE_WINDOW (predicted survival, label) per position; NaN = empty slot
+        self._recent = {s: np.full((2, gamma, ECE_WINDOW), np.nan) for s in self.sources}
+        self._recent_next = {s: np.zeros(gamma, dtype=np.int64) for s in self.sources}
 
     # ------------------------------------------------------------------ prediction
     def cell(self, source: str, match_len: int, count: int) -> tuple[int, int]:
@@ -80,22 +86,43 @@ class RetrievalConfidence:
         np.add.at(sums[0], (k, bins), survival)
         np.add.at(sums[1], (k, bins), (k < accepted).astype(np.float64))
         np.add.at(sums[2], (k, bins), 1.0)
+        ring, nxt = self._recent[source], self._recent_next[source]
+        slot = nxt[k] % ECE_WINDOW
+        ring[0, k, slot], ring[1, k, slot] = survival, (k < accepted)
+        nxt[k] += 1
         m, c = self.cell(source, match_len, count)
         cell = self.table[source][m, c]
         hits = min(accepted, verified)
         cell[:hits, 0] += 1.0
         if accepted < verified:  # position `accepted` was the first rejected one; later ones were never reached
             cell[accepted, 1] += 1.0
+        mass = cell.sum(1, keepdims=True)
+        cell *= np.where(mass > CELL_MEMORY, CELL_MEMORY / mass, 1.0)
 
-    def ece(self, source: str) -> list[float]:
-        """Per draft position: ECE of the served survival predictions (NaN where nothing was scored)."""
-        pred, label, count = self._ece_sums[source]
-        n = count.sum(1)
-        gap = np.abs(pred - label).sum(1)
-        return [float(g / m) if m else float("nan") for g, m in zip(gap, n)]
+    def ece(self, source: str, window: bool = True) -> list[float]:
+        """Per draft position: binned ECE of the served survival predictions, over the last ECE_WINDOW of them
+        (window=False: all of them); NaN where nothing was scored."""
+        if not window:
+            pred, label, count = self._ece_sums[source]
+            n = count.sum(1)
+            gap = np.abs(pred - label).sum(1)
+            return [float(g / m) if m else float("nan") for g, m in zip(gap, n)]
+        out = []
+        for pred, label in zip(*self._recent[source]):
+            keep = ~np.isnan(pred)
+            if not keep.any():
+                out.append(float("nan"))
+                continue
+            pred, label = pred[keep], label[keep]
+            bins = np.clip((pred * ECE_BINS).astype(int), 0, ECE_BINS - 1)
+            gap = np.bincount(bins, weights=pred - label, minlength=ECE_BINS)
+            out.append(float(np.abs(gap).sum() / pred.size))
+        return out
 
-    def scored(self, source: str) -> list[int]:
+    def scored(self, source: str, window: bool = True) -> list[int]:
         """Per draft position: how many served predictions ece() is over."""
+        if window:
+            return [int(x) for x in np.minimum(self._recent_next[source], ECE_WINDOW)]
         return [int(x) for x in self._ece_sums[source][2].sum(1)]
 
     # ------------------------------------------------------------------ persistence

@@ -443,7 +443,8 @@ class DSparkExtWorker(BaseSpecWorker):
         bonus = accept.bonus_tokens.to(torch.int64)
 
         stats.finish(verify_lens, accept_lens, fallback)
-        stats.retrieval_ece = self.retrieval.ece()
+        if self.metrics is not None:  # only the Prometheus gauge reads it
+            stats.retrieval_ece = self.retrieval.ece()
         # customized_info is per committed token, so it needs the accept lengths finish() just recorded
         logits_output = LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
             record_verify_lens=self.options.record_verify_lens))
