@@ -46,7 +46,7 @@ def _gamma(drafter: str) -> int:
 def prompt_ids(tokenizer, text: str) -> list[int]:
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                         tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return [int(t) for t in (ids if isinstance(ids, list) else ids["input_ids"])]  # a BatchEncoding in newer HF
 
 
 def collect(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int, cache: Path) -> list[tuple]:
@@ -63,7 +63,8 @@ def collect(url: str, prompts: list[list[int]], max_tokens: int, concurrency: in
     def one(ids: list[int]) -> tuple[list[int], list[int]]:
         r = requests.post(url + "/generate", timeout=3600, json={
             "input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}})
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"/generate answered {r.status_code}: {r.text[:300]}")
         return ids, r.json()["output_ids"]
 
     with ThreadPoolExecutor(concurrency) as pool, open(cache, "a") as f:
