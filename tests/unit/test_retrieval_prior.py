@@ -12,3 +12,18 @@ def test_prompt_ids_are_the_chat_templated_token_ids():
     assert ids and all(isinstance(t, int) for t in ids)
     text = tok.decode(ids)
     assert "hello there" in text and text.rstrip().endswith("assistant")
+
+
+def test_the_shipped_drafter_carries_a_fitted_prior_that_loads():
+    import json
+
+    from sglang_dspark.embedded import DEFAULT_DRAFTER_DIR
+    from sglang_dspark.retrieval import RetrievalConfidence
+    from sglang_dspark.retrieval.confidence import FILE_NAME
+
+    path = DEFAULT_DRAFTER_DIR / FILE_NAME
+    gamma = json.loads((DEFAULT_DRAFTER_DIR / "config.json").read_text())["block_size"]
+    conf = RetrievalConfidence.from_file(gamma, path)
+    explored = [(m, c) for m in range(1, 13) for c in (1, 2, 4, 8) if conf.observations("prompt", m, c) > 0]
+    assert explored, f"{path}: no fitted cell"
+    assert json.loads(path.read_text())["fitted_on"]["sequences"] > 0
