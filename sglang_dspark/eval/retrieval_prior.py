@@ -4,7 +4,7 @@
         [--max-tokens 256] [--concurrency 8] [--out <drafter>/retrieval_confidence.json]
 
 Starts the target without speculation (`--no-dspark`, the serving dtype), sends each prompt through the chat
-template at T = 0 and fits retrieval.confidence.fit_table on (prompt ids, output ids): at every output position, the
+template (train.chat.render_prompt, as eval_acceptance does) at T = 0 and fits retrieval.confidence.fit_table on (prompt ids, output ids): at every output position, the
 prompt/output lookup chain a T = 0 server would verify there and how far it matches what the target really said
 (exact: greedy outputs do not depend on speculation). The default prompts are training sets, none of the eval mix
 the benchmarks measure. Outputs are cached next to --out (`.outputs.jsonl`), so a rerun resumes.
@@ -37,16 +37,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--server-args", default="", help="extra flags for the server (e.g. --dtype float32)")
     p.add_argument("--out", default=None, help="default: <drafter>/retrieval_confidence.json")
     return p.parse_args(argv)
-
-
-def _gamma(drafter: str) -> int:
-    return int(json.loads((Path(drafter) / "config.json").read_text())["block_size"])
-
-
-def prompt_ids(tokenizer, text: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        tokenize=True)
-    return [int(t) for t in (ids if isinstance(ids, list) else ids["input_ids"])]  # a BatchEncoding in newer HF
 
 
 def collect(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int, cache: Path) -> list[tuple]:
@@ -83,7 +73,9 @@ def main(argv=None) -> dict:
     from sglang_dspark.bench.machine import describe_machine
     from sglang_dspark.bench.prompts import load_prompts
     from sglang_dspark.bench.server import ServerProcess
+    from sglang_dspark.drafter import DSparkConfig
     from sglang_dspark.retrieval.confidence import FILE_NAME, fit_table
+    from sglang_dspark.train.chat import render_prompt
 
     args = parse_args(argv)
     out = Path(args.out) if args.out else Path(args.drafter) / FILE_NAME
@@ -91,12 +83,11 @@ def main(argv=None) -> dict:
     cache = out.with_name(out.stem + ".outputs.jsonl")
     tok = AutoTokenizer.from_pretrained(args.model)
     texts = [t for path in args.prompts for t in load_prompts(path, args.limit)]
-    ids = [prompt_ids(tok, t) for t in texts]
+    ids = [render_prompt(tok, t) for t in texts]  # as eval_acceptance renders its prompts
     flags = ["--model-path", args.model, "--no-dspark", *shlex.split(args.server_args)]
     with ServerProcess(flags, startup_timeout_s=900) as srv:
         sequences = collect(srv.base_url, ids, args.max_tokens, args.concurrency, cache)
-    gamma = _gamma(args.drafter)
-    conf = fit_table(sequences, gamma)
+    conf = fit_table(sequences, DSparkConfig.from_json(args.drafter).block_size)
     data = {**conf.to_json(), "fitted_on": {"prompts": list(args.prompts), "sequences": len(sequences),
                                            "max_tokens": args.max_tokens, "machine": describe_machine()}}
     out.write_text(json.dumps(data) + "\n")
