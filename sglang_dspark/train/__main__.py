@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--init-from", default=None,
                    help="start from this checkpoint's weights with a fresh optimizer and schedule (ignored when "
                         "<out> already has a checkpoint to resume)")
+    f.add_argument("--init-from-target", action="store_true",
+                   help="warm start: draft layers = the target's last --layers layers, fc = identity on the last "
+                        "feature (which must be the layer just below them), Markov W2 and confidence head zero")
+    f.add_argument("--init-channel-samples", type=int, default=16,
+                   help="training sequences that rank MLP channels when --intermediate-size is below the target's")
     f.add_argument("--device", default=None)
 
     from . import vocab

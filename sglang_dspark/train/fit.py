@@ -136,6 +136,14 @@ def run_fit(args) -> dict:
     else:
         config = DSparkConfig.from_json(resume_dir) if resume_dir else build_config(args, manifest, target_path)
         model = DSparkDraftModel(config)
+        if getattr(args, "init_from_target", False) and not resume_dir:
+            from .warm_start import init_from_target
+
+            seqs = [cache.read(i, ("input_ids",))["input_ids"] for i in train_idx[: args.init_channel_samples]]
+            info = init_from_target(model, target_path, config.num_target_layers, seqs)
+            print(f"[fit] initialised from the target's layers {info['copied_layers']}"
+                  + (f", MLP pruned {info['target_intermediate_size']} -> {info['pruned_to']} channels"
+                     if info["pruned_to"] else ""))
     with torch.no_grad():
         model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(head)
