@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--init-from", default=None,
                    help="start from this checkpoint's weights with a fresh optimizer and schedule (ignored when "
                         "<out> already has a checkpoint to resume)")
+    f.add_argument("--eval-every", type=int, default=0,
+                   help="every N steps (and before the first), held-out greedy acceptance (tau, first-draft "
+                        "acceptance) into train_log.jsonl; 0 = never")
+    f.add_argument("--eval-samples", type=int, default=16, help="held-out sequences per evaluation")
+    f.add_argument("--eval-anchors", type=int, default=64, help="blocks per held-out sequence")
     f.add_argument("--init-from-target", action="store_true",
                    help="warm start: draft layers = the target's last --layers layers, fc = identity on the last "
                         "feature (which must be the layer just below them), Markov W2 and confidence head zero")

@@ -123,6 +123,8 @@ def run_fit(args) -> dict:
         raise ValueError(f"{args.cache}: no training samples (holdout_fraction={args.holdout_fraction})")
     os.makedirs(args.out, exist_ok=True)
 
+    if args.init_from and getattr(args, "init_from_target", False):
+        raise ValueError("--init-from and --init-from-target are two different starting points: pass one")
     resume_dir = None if args.no_resume else latest_checkpoint(args.out)
     init_from = None if resume_dir else args.init_from
     torch.manual_seed(args.seed)
@@ -177,6 +179,24 @@ def run_fit(args) -> dict:
     amp = device.type == "cuda" and args.amp == "bf16"
     log_path = os.path.join(args.out, "train_log.jsonl")
     history = []
+    eval_every = getattr(args, "eval_every", 0)
+    held_eval = held_idx[: getattr(args, "eval_samples", 16)]
+
+    def evaluate() -> dict:
+        from .heldout import heldout_acceptance
+
+        r = heldout_acceptance(model, cache, held_eval, num_anchors=args.eval_anchors, max_length=args.max_length,
+                               seed=args.seed, device=device)
+        return {"heldout_tau": r["tau"], "heldout_top1": r["top1"], "heldout_blocks": r["blocks"]}
+
+    blocks = 0
+    if start > 0 and os.path.exists(log_path):
+        with open(log_path) as f:
+            rows = [json.loads(x) for x in f if x.strip()]
+        blocks = next((r["blocks"] for r in reversed(rows) if "blocks" in r and r["step"] <= start), 0)
+    if eval_every and start == 0 and held_eval:
+        with open(log_path, "a") as f:
+            f.write(json.dumps({"step": 0, "blocks": 0, **evaluate()}) + "\n")
     bar = tqdm(range(start, args.steps), desc="fit", initial=start, total=args.steps, unit="step")
     for step in bar:
         micro = []
@@ -189,6 +209,7 @@ def run_fit(args) -> dict:
                                            torch.Generator().manual_seed(args.seed * 1_000_003 + m))
             _, emask = block_labels(ids, lm, anchors, keep, B)
             micro.append((m, s, ids, lm, anchors, keep, loss_weights(emask, args.gamma).sum()))
+            blocks += int(keep.sum())
         denom = torch.stack([w for *_, w in micro]).sum().clamp_min(1e-6)
         optimizer.zero_grad(set_to_none=True)
         agg: dict[str, float] = {}
@@ -217,10 +238,15 @@ def run_fit(args) -> dict:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         optimizer.step()
         scheduler.step()
-        rec = {"step": step + 1, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm), **agg}
+        rec = {"step": step + 1, "blocks": blocks, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+               **agg}
+        evaluated = bool(eval_every and held_eval and ((step + 1) % eval_every == 0 or step + 1 == args.steps))
+        if evaluated:
+            rec.update(evaluate())
         history.append(rec)
-        bar.set_postfix(loss=f"{agg['loss']:.4f}", acc=f"{agg.get('accept_soft', 0):.3f}")
-        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+        bar.set_postfix(loss=f"{agg['loss']:.4f}", acc=f"{agg.get('accept_soft', 0):.3f}",
+                        **({"tau": f"{rec['heldout_tau']:.3f}"} if evaluated else {}))
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps or evaluated:
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:

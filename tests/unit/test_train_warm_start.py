@@ -109,3 +109,35 @@ def test_fit_cli_warm_starts_and_trains(tmp_path):
     assert warm.fc.weight[:, :32].abs().max() < 1e-6
     with pytest.raises(WarmStartError, match="copies target layers \\[3\\].*ending in 2"):
         main([*fit, "--layers", "1", "--out", str(tmp_path / "bad"), "--init-from-target"])
+
+
+def test_greedy_chain_counts_drafts_until_the_first_miss_or_off_path_text():
+    from sglang_dspark.train.heldout import greedy_chain_lengths
+
+    target = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]])
+    draft = torch.tensor([[5, 6, 7, 8], [5, 6, 0, 8], [5, 6, 7, 8], [1, 6, 7, 8]])
+    text = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 9, 7, 8], [5, 6, 7, 8]])
+    valid = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]]).bool()
+    assert greedy_chain_lengths(draft, target, text, valid).tolist() == [3, 2, 1, 0]
+
+
+def test_fit_logs_heldout_acceptance_against_blocks(tmp_path):
+    import json
+
+    from sglang_dspark.train.__main__ import main
+    from sglang_dspark.train.tiny import make_tiny_conversations
+
+    make_tiny_target(str(tmp_path / "t"), "qwen2", num_layers=3, hidden_size=32)
+    make_tiny_conversations(str(tmp_path / "conv.jsonl"), n=6)
+    main(["capture", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "conv.jsonl"), "--out",
+          str(tmp_path / "cache"), "--target-layer-ids", "0,1", "--dtype", "fp32", "--min-loss-tokens", "5",
+          "--max-length", "96"])
+    main(["fit", "--cache", str(tmp_path / "cache"), "--layers", "1", "--block-size", "3", "--markov-rank", "4",
+          "--intermediate-size", "32", "--num-anchors", "8", "--batch", "2", "--steps", "4", "--eval-every", "2",
+          "--eval-samples", "2", "--eval-anchors", "8", "--holdout-fraction", "0.4", "--save-every", "4",
+          "--max-length", "96", "--out", str(tmp_path / "run")])
+    rows = [json.loads(x) for x in open(tmp_path / "run" / "train_log.jsonl")]
+    evals = [r for r in rows if "heldout_tau" in r]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+    assert evals[0]["blocks"] == 0 and 0 < evals[1]["blocks"] < evals[2]["blocks"] <= 4 * 2 * 8
+    assert all(1.0 <= r["heldout_tau"] <= 4.0 and r["heldout_blocks"] > 0 for r in evals)
