@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--weight-decay", type=float, default=0.0)
     f.add_argument("--grad-clip", type=float, default=1.0)
     f.add_argument("--ce-weight", type=float, default=0.1)
+    f.add_argument("--ce-labels", default="text", choices=["text", "target"],
+                   help="CE against the text's next token, or against the target's argmax there (what greedy "
+                        "verification accepts; lets text the target did not write teach the server's drafts)")
     f.add_argument("--l1-weight", type=float, default=0.9)
     f.add_argument("--conf-weight", type=float, default=1.0)
     f.add_argument("--gamma", type=float, default=4.0, help="loss decay exp(-k/gamma)")

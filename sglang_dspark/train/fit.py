@@ -113,6 +113,15 @@ def _sampled_targets(sample, model, ids, lm, last, anchors, keep, args, gen):
     return vocab, target_probs(last[0][pos], model.lm_head.weight, lse, vocab)[None]
 
 
+def _target_argmax(sample, tlogits, anchors, block_size: int, seq_len: int, max_length: int) -> torch.Tensor:
+    """The target's greedy token for every block slot [1, N, B]: what the server's verification accepts at T = 0
+    (the capture pass's top-1 when the cache has target statistics)."""
+    if tlogits is not None:
+        return tlogits.argmax(-1)
+    pos = block_positions(anchors[0], block_size, seq_len)
+    return sample["topk_ids"][:max_length, 0].long().to(pos.device)[pos][None]
+
+
 def run_fit(args) -> dict:
     cache = CacheReader(args.cache)
     manifest = cache.manifest
@@ -123,7 +132,7 @@ def run_fit(args) -> dict:
         raise ValueError(f"{args.cache}: no training samples (holdout_fraction={args.holdout_fraction})")
     os.makedirs(args.out, exist_ok=True)
 
-    if args.init_from and getattr(args, "init_from_target", False):
+    if args.init_from and args.init_from_target:
         raise ValueError("--init-from and --init-from-target are two different starting points: pass one")
     resume_dir = None if args.no_resume else latest_checkpoint(args.out)
     init_from = None if resume_dir else args.init_from
@@ -138,7 +147,7 @@ def run_fit(args) -> dict:
     else:
         config = DSparkConfig.from_json(resume_dir) if resume_dir else build_config(args, manifest, target_path)
         model = DSparkDraftModel(config)
-        if getattr(args, "init_from_target", False) and not resume_dir:
+        if args.init_from_target and not resume_dir:
             from .warm_start import init_from_target
 
             seqs = [cache.read(i, ("input_ids",))["input_ids"] for i in train_idx[: args.init_channel_samples]]
@@ -179,8 +188,8 @@ def run_fit(args) -> dict:
     amp = device.type == "cuda" and args.amp == "bf16"
     log_path = os.path.join(args.out, "train_log.jsonl")
     history = []
-    eval_every = getattr(args, "eval_every", 0)
-    held_eval = held_idx[: getattr(args, "eval_samples", 16)]
+    eval_every = args.eval_every
+    held_eval = held_idx[: args.eval_samples]
 
     def evaluate() -> dict:
         from .heldout import heldout_acceptance
@@ -227,6 +236,8 @@ def run_fit(args) -> dict:
                         vocab = candidate_vocab(tlogits, block_labels(ids, lm, anchors, keep, B)[0],
                                                 args.vocab_sample_top_k, args.vocab_sample_negatives, gen)
                 logits, conf, labels, emask = model.forward_train(ids, hidden, lm, anchors, keep, vocab)
+                if args.ce_labels == "target":
+                    labels = _target_argmax(s, tlogits, anchors, B, ids.shape[1], args.max_length)
             loss, stats = dspark_losses(logits, tlogits, conf, labels, emask, args.ce_weight, args.l1_weight,
                                         args.conf_weight if config.enable_confidence_head else 0.0, args.gamma,
                                         denom=denom, vocab=vocab, target_probs=tprobs)
