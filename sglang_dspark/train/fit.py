@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, load_drafter, sample_anchors, save_drafter
 from .cache import CacheReader
+from .distributed import barrier, init_world, local_device, shutdown, sum_gradients, sum_stats
 from .losses import block_positions, candidate_vocab, dspark_losses, loss_weights, target_block_logits
 from .target_stats import target_probs
 from .target import load_target_shared_weights, read_target_config
@@ -126,7 +127,8 @@ def run_fit(args) -> dict:
     cache = CacheReader(args.cache)
     manifest = cache.manifest
     target_path = args.target or manifest["target"]
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    world = init_world(torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type)
+    device = local_device(world, args.device)
     train_idx, held_idx = cache.split(args.holdout_fraction)
     if not train_idx:
         raise ValueError(f"{args.cache}: no training samples (holdout_fraction={args.holdout_fraction})")
@@ -174,7 +176,8 @@ def run_fit(args) -> dict:
         print(f"[fit] resumed from {resume_dir} at step {start}")
     n_params = sum(p.numel() for p in params)
     print(f"[fit] {len(train_idx)} train / {len(held_idx)} held-out samples; {n_params / 1e6:.2f}M trainable "
-          f"params; device {device}; steps {start}->{args.steps}")
+          f"params; device {device}; steps {start}->{args.steps}"
+          + (f"; rank {world.rank} of {world.size}" if world.size > 1 else ""))
 
     use_stats = args.vocab_sample_top_k > 0 and cache.has_targets
     if use_stats:
@@ -203,15 +206,17 @@ def run_fit(args) -> dict:
         with open(log_path) as f:
             rows = [json.loads(x) for x in f if x.strip()]
         blocks = next((r["blocks"] for r in reversed(rows) if "blocks" in r and r["step"] <= start), 0)
-    if eval_every and start == 0 and held_eval:
+    if eval_every and start == 0 and held_eval and world.main:
         with open(log_path, "a") as f:
             f.write(json.dumps({"step": 0, "blocks": 0, **evaluate()}) + "\n")
-    bar = tqdm(range(start, args.steps), desc="fit", initial=start, total=args.steps, unit="step")
+    bar = tqdm(range(start, args.steps), desc="fit", initial=start, total=args.steps, unit="step",
+               disable=not world.main)
     for step in bar:
         micro = []
         for i in range(args.batch):
             m = step * args.batch + i
-            s = cache[order(m)]
+            # other ranks' sequences: only what their anchors and loss weights need
+            s = cache[order(m)] if world.mine(i) else cache.read(order(m), ("input_ids", "loss_mask"))
             ids = s["input_ids"][: args.max_length].long()[None].to(device)
             lm = s["loss_mask"][: args.max_length][None].to(device)
             anchors, keep = sample_anchors(lm, config.num_anchors,
@@ -222,7 +227,9 @@ def run_fit(args) -> dict:
         denom = torch.stack([w for *_, w in micro]).sum().clamp_min(1e-6)
         optimizer.zero_grad(set_to_none=True)
         agg: dict[str, float] = {}
-        for m, s, ids, lm, anchors, keep, _ in micro:
+        for i, (m, s, ids, lm, anchors, keep, _) in enumerate(micro):
+            if not world.mine(i):
+                continue
             hidden = s["hidden"][: args.max_length][None].to(device, torch.float32)
             last = s["last_hidden"][: args.max_length][None].to(device, torch.float32)
             gen = torch.Generator().manual_seed(args.seed * 7_919 + m)
@@ -246,20 +253,26 @@ def run_fit(args) -> dict:
             for k, v in stats.items():
                 agg[k] = agg.get(k, 0.0) + (v if k in ("ce", "l1", "conf", "weight") else v * share)
             agg["loss"] = agg.get("loss", 0.0) + loss.item()
+        sum_gradients(params, world)
+        agg = sum_stats(agg, world, device)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         optimizer.step()
         scheduler.step()
         rec = {"step": step + 1, "blocks": blocks, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                **agg}
-        evaluated = bool(eval_every and held_eval and ((step + 1) % eval_every == 0 or step + 1 == args.steps))
+        evaluated = bool(eval_every and held_eval and world.main
+                         and ((step + 1) % eval_every == 0 or step + 1 == args.steps))
         if evaluated:
             rec.update(evaluate())
         history.append(rec)
         bar.set_postfix(loss=f"{agg['loss']:.4f}", acc=f"{agg.get('accept_soft', 0):.3f}",
                         **({"tau": f"{rec['heldout_tau']:.3f}"} if evaluated else {}))
-        if (step + 1) % args.log_every == 0 or step + 1 == args.steps or evaluated:
+        if world.main and ((step + 1) % args.log_every == 0 or step + 1 == args.steps or evaluated):
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            save_checkpoint(args.out, step + 1, model, optimizer, scheduler, args)
+            if world.main:
+                save_checkpoint(args.out, step + 1, model, optimizer, scheduler, args)
+            barrier(world)
+    shutdown(world)
     return {"history": history, "out": args.out, "final_step": args.steps}
