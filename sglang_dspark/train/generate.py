@@ -31,6 +31,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=32, help="prompts per Engine.generate call (one resume unit)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--url", default=None,
+                   help="drive a running SGLang server or sglang-router (OpenAI API at URL/v1) instead of starting "
+                        "an Engine here: generation scales with the cluster behind it; --batch requests in flight")
+    p.add_argument("--model", default="default", help="model name sent with --url requests")
 
 
 def _load_prompt_rows(sources: list[str]) -> list[tuple[str, str, str]]:
@@ -71,6 +75,8 @@ def run(args: argparse.Namespace) -> None:
     if not todo:
         return
 
+    if args.url:
+        return _run_remote(args, rows, todo, out)
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sglang as sgl
@@ -99,6 +105,37 @@ def run(args: argparse.Namespace) -> None:
     finally:
         bar.close()
         engine.shutdown()
+
+
+def _run_remote(args: argparse.Namespace, rows: list, todo: list, out: Path) -> None:
+    """Chat completions against args.url, --batch at a time; each finished chunk is appended (resume unit)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=args.url.rstrip("/") + "/v1", api_key="EMPTY", timeout=3600, max_retries=2)
+    extra = {"top_k": args.top_k} if args.top_k else {}
+
+    def answer(prompt: str):
+        r = client.chat.completions.create(
+            model=args.model, messages=[{"role": "user", "content": prompt}], temperature=args.temperature,
+            top_p=args.top_p, max_tokens=args.max_new_tokens, seed=args.seed, extra_body=extra)
+        return r.choices[0].message.content or "", r.usage.completion_tokens if r.usage else 0
+
+    bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="generate", unit="prompt")
+    n_tokens = 0
+    with ThreadPoolExecutor(max_workers=args.batch) as pool:
+        for start in range(0, len(todo), args.batch):
+            chunk = todo[start: start + args.batch]
+            answers = list(pool.map(answer, [p for _, _, p in chunk]))
+            with open(out, "a") as f:
+                for (rid, src, prompt), (text, n) in zip(chunk, answers):
+                    n_tokens += n
+                    f.write(json.dumps({"id": rid, "source": src, "messages": [
+                        {"role": "user", "content": prompt}, {"role": "assistant", "content": text}]}) + "\n")
+            bar.update(len(chunk))
+            bar.set_postfix(tokens=n_tokens)
+    bar.close()
 
 
 def main(argv: list[str] | None = None) -> None:
