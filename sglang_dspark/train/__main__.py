@@ -1,4 +1,5 @@
-"""python -m sglang_dspark.train {generate,extra-text,capture,targets,fit,calibrate,draft-vocab} ... (each stage resumable)."""
+"""python -m sglang_dspark.train {continue,generate,extra-text,capture,targets,fit,calibrate,draft-vocab} ... (each stage
+resumable)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     from . import generate  # the lead's stage (SGLang Engine); importing it is cheap, running it needs sglang
 
     generate.add_args(sub.add_parser("generate", help="regenerate assistant turns with the target (SGLang Engine)"))
-    from . import extra_text
+    from . import accumulate, extra_text
+
+    accumulate.add_args(sub.add_parser("continue", help="one more training round from the committed drafter on "
+                                                        "fresh data within --budget-min (resumable)"))
 
     extra_text.add_args(sub.add_parser("extra-text", help="training prompts as distillation text (no generation)"))
 
@@ -128,6 +132,9 @@ def main(argv: list[str] | None = None):
     args = build_parser().parse_args(argv)
     if args.stage == "extra-text":
         return extra_text_run(args)
+    if args.stage == "continue":
+        from .accumulate import run
+        return run(args)
     if args.stage == "generate":
         from .generate import run
         return run(args)

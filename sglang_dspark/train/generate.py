@@ -24,6 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sources", nargs="+", default=DEFAULT_SOURCES,
                    help="names under shared/data/train or JSONL paths")
     p.add_argument("--limit", type=int, default=None, help="max prompts in total (interleaved over sources)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many prompts of the interleaved list first")
     p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.8)
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> None:
     if out.exists():
         with open(out) as f:
             done = {json.loads(line)["id"] for line in f if line.strip()}
-    rows = _load_prompt_rows(args.sources)
+    rows = _load_prompt_rows(args.sources)[args.offset:]
     if args.limit is not None:
         rows = rows[: args.limit]
     todo = [r for r in rows if r[0] not in done]

@@ -1,0 +1,256 @@
+"""`train continue --budget-min N`: one more round of training on fresh data, inside a time budget.
+
+Feature caches are large and do not travel between machines; the drafter (a few tens of MB) and two small files
+next to it do: `training/cursor.json` (how far into the interleaved training prompts earlier rounds have read) and
+`training/curve.jsonl` (one row per round: blocks and CPU-hours so far, tau, ECE, shipped or not). A round:
+
+  data      the next prompts after the cursor, as text (`--data-mode text`, cheap) or regenerated greedily by the
+            target (`generate`, ~5x the CPU per token)
+  capture   target features for them (the drafter's feature layers), then the target's top-k statistics
+  fit       from the current drafter's weights, a fresh cosine schedule sized to the fit share of the budget
+  calibrate STS on the round's held-out split (teacher-forced), into the candidate's sts.json
+  eval      `eval_acceptance` (T = 0, gamma = the block size) on the eval prompt sets, the same prompts every round
+  ship      only if its tau beats the shipped drafter's last recorded tau and the worst position's ECE stays <= 3%
+
+Every stage records its completion in <work>/state.json, so an interrupted round resumes at the stage it was in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from datetime import date
+from pathlib import Path
+
+SHARES = {"data": 0.30, "fit": 0.45}  # of the budget; capture statistics, calibration and eval take the rest
+ECE_LIMIT = 0.03
+DEFAULT_STEP_SECONDS = 3.0  # one 2-sequence, 128-anchor step on one 2-core CPU (2026-11-30)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    from ..embedded import DEFAULT_DRAFTER_DIR, DEFAULT_TARGET_DIR
+
+    p.add_argument("--budget-min", type=float, required=True, help="wall-clock minutes for the whole round")
+    p.add_argument("--drafter", default=str(DEFAULT_DRAFTER_DIR), help="the committed drafter to continue from")
+    p.add_argument("--target", default=str(DEFAULT_TARGET_DIR))
+    p.add_argument("--work", default="runs/continue", help="caches and checkpoints of the round (not committed)")
+    p.add_argument("--data-mode", choices=["text", "generate"], default="text")
+    p.add_argument("--prompts", type=int, default=0, help="prompts this round (0 = as many as the data share fits)")
+    p.add_argument("--eval-limit", type=int, default=20, help="eval prompts per dataset")
+    p.add_argument("--eval-tokens", type=int, default=64)
+    p.add_argument("--fit-args", default="", help="extra `train fit` flags, e.g. '--lr 3e-4'")
+    p.add_argument("--no-ship", action="store_true", help="evaluate and record, never replace the drafter")
+
+
+def training_dir(drafter: str) -> Path:
+    return Path(drafter) / "training"
+
+
+def read_cursor(drafter: str) -> dict:
+    path = training_dir(drafter) / "cursor.json"
+    return json.loads(path.read_text()) if path.exists() else {"next": 0}
+
+
+def read_curve(drafter: str) -> list[dict]:
+    path = training_dir(drafter) / "curve.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def shipped_tau(curve: list[dict]) -> float | None:
+    shipped = [r for r in curve if r.get("shipped")]
+    return shipped[-1]["tau"] if shipped else None
+
+
+def should_ship(tau: float, worst_ece: float | None, curve: list[dict]) -> tuple[bool, str]:
+    best = shipped_tau(curve)
+    if worst_ece is None or worst_ece > ECE_LIMIT:
+        return False, f"worst position ECE {worst_ece} above {ECE_LIMIT}"
+    if best is not None and tau <= best:
+        return False, f"tau {tau:.3f} does not beat the shipped {best:.3f}"
+    return True, f"tau {tau:.3f} (shipped before: {best})"
+
+
+def worst_position_ece(report: dict) -> float | None:
+    """The largest per-position ECE after STS, counting a position at its noise floor (the ECE a perfectly
+    calibrated predictor shows on as few rounds) as passing: late positions see few rounds."""
+    eces = report.get("ece_sts_by_position") or []
+    floors = report.get("ece_sts_floor_by_position") or [None] * len(eces)
+    worst = None
+    for e, fl in zip(eces, floors):
+        if e is None:
+            continue
+        e = 0.0 if fl is not None and e <= fl else e
+        worst = e if worst is None else max(worst, e)
+    return worst
+
+
+def holdout_fraction_for(cache_path: str) -> float:
+    """The smallest of 10-50% that leaves both splits non-empty (the split hashes sample ids)."""
+    from .cache import CacheReader
+
+    cache = CacheReader(cache_path)
+    for frac in (0.1, 0.2, 0.3, 0.5):
+        train, held = cache.split(frac)
+        if train and held:
+            return frac
+    raise ValueError(f"{cache_path}: {len(cache)} samples cannot be split into training and held-out ones")
+
+
+def step_seconds(curve: list[dict]) -> float:
+    rates = [r["fit_seconds"] / r["fit_steps"] for r in curve if r.get("fit_steps")]
+    return rates[-1] if rates else DEFAULT_STEP_SECONDS
+
+
+class Round:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.work / "state.json"
+        self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+        if not self.state:
+            self.state = {"started": time.time(), "cursor": read_cursor(args.drafter)["next"], "done": []}
+            self.save()
+
+    def save(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        os.replace(tmp, self.state_path)
+
+    def left_s(self) -> float:
+        return self.args.budget_min * 60 - (time.time() - self.state["started"])
+
+    def stage(self, name: str, fn) -> None:
+        if name in self.state["done"]:
+            print(f"[continue] {name}: done before, skipped")
+            return
+        t0 = time.time()
+        print(f"[continue] {name} ({self.left_s() / 60:.1f} min of the budget left)")
+        out = fn() or {}
+        self.state.setdefault("results", {})[name] = {**out, "seconds": time.time() - t0}
+        self.state["done"].append(name)
+        self.save()
+
+
+def run(args: argparse.Namespace) -> dict:
+    from ..drafter import DSparkConfig
+    from .__main__ import main as train_main
+    from .generate import _load_prompt_rows
+
+    r = Round(args)
+    cfg = DSparkConfig.from_json(args.drafter)
+    data = r.work / "data.jsonl"
+    cache = r.work / "cache"
+    budget_s = args.budget_min * 60
+
+    def holdout() -> float:
+        return r.state["results"]["capture"]["holdout_fraction"]
+
+    def data_stage():
+        rows = _load_prompt_rows(["arena-hard-v2", "livecodebench", "lbpp", "swe-bench", "aime24", "aime25"])
+        per_prompt_s = 2.0 if args.data_mode == "text" else 20.0  # capture vs generate + capture, this CPU
+        n = min(len(rows), args.prompts or max(8, int(SHARES["data"] * budget_s / per_prompt_s)))
+        start = r.state["cursor"] % len(rows)
+        take = rows[start: start + n]  # the last round before the wrap takes what is left
+        if args.data_mode == "generate":
+            train_main(["generate", "--target", args.target, "--out", str(data), "--offset", str(start),
+                        "--limit", str(len(take)), "--temperature", "0", "--max-new-tokens", "256", "--batch", "32"])
+        else:
+            with open(data, "w") as f:
+                for rid, src, text in take:
+                    f.write(json.dumps({"id": f"text-{rid}", "source": src, "messages": [
+                        {"role": "user", "content": "Write out the following text."},
+                        {"role": "assistant", "content": text}]}) + "\n")
+        return {"prompts": len(take), "cursor_from": r.state["cursor"], "cursor_to": r.state["cursor"] + len(take)}
+
+    def capture_stage():
+        train_main(["capture", "--target", args.target, "--data", str(data), "--out", str(cache),
+                    "--target-layer-ids", ",".join(map(str, cfg.target_layer_ids)), "--max-length", "1024",
+                    "--system-prompt", ""])
+        train_main(["targets", "--cache", str(cache), "--top-k", "64"])
+        return {"holdout_fraction": holdout_fraction_for(str(cache))}
+
+    def fit_stage():
+        curve = read_curve(args.drafter)
+        fit_s = max(60.0, min(SHARES["fit"] * budget_s, r.left_s() - 0.25 * budget_s))
+        steps = max(10, int(fit_s / step_seconds(curve)))
+        t0 = time.time()
+        res = train_main(["fit", "--cache", str(cache), "--out", str(r.work / "fit"), "--init-from", args.drafter,
+                    "--steps", str(steps), "--batch", "2", "--num-anchors", str(cfg.num_anchors),
+                    "--lr", "3e-4", "--warmup-ratio", "0.02", "--ce-weight", "1.0", "--l1-weight", "0.1",
+                    "--ce-labels", "target", "--vocab-sample-top-k", "32", "--vocab-sample-negatives", "4096",
+                    "--holdout-fraction", str(holdout()), "--save-every", "50", "--keep-checkpoints", "1",
+                    "--no-save-shared", "--save-dtype", "bf16", "--eval-every", "100", "--eval-samples", "8",
+                    *args.fit_args.split()])
+        return {"fit_steps": res["final_step"], "fit_seconds": time.time() - t0}
+
+    def calibrate_stage():
+        from .fit import latest_checkpoint
+
+        ckpt = latest_checkpoint(str(r.work / "fit"))
+        cand = r.work / "candidate"
+        shutil.rmtree(cand, ignore_errors=True)
+        shutil.copytree(ckpt, cand, ignore=shutil.ignore_patterns("training_state.pt"))
+        for name in ("draft_vocab.safetensors", "retrieval_confidence.json"):
+            if (Path(args.drafter) / name).exists():
+                shutil.copy(Path(args.drafter) / name, cand / name)
+        for t in ("0", "1"):
+            train_main(["calibrate", "--cache", str(cache), "--drafter", str(cand), "--temperature", t,
+                        "--holdout-fraction", str(holdout())])
+        return {"candidate": str(cand)}
+
+    def eval_stage():
+        from ..eval_acceptance import main as eval_main
+
+        rep = eval_main(["--target", args.target, "--drafter", str(r.work / "candidate"), "--limit",
+                         str(args.eval_limit), "--max-new-tokens", str(args.eval_tokens), "--temperature", "0",
+                         "--json", str(r.work / "eval_T0.json")])
+        return {"tau": rep["tau"], "tau_by_dataset": rep["tau_by_dataset"], "ece_sts": rep.get("ece_sts"),
+                "worst_ece": worst_position_ece(rep)}
+
+    def ship_stage():
+        res = r.state["results"]
+        curve = read_curve(args.drafter)
+        ok, why = should_ship(res["eval"]["tau"], res["eval"]["worst_ece"], curve)
+        ok = ok and not args.no_ship
+        prev = curve[-1] if curve else {"blocks": 0, "cpu_hours": 0.0}
+        fit_log = [json.loads(x) for x in (r.work / "fit" / "train_log.jsonl").read_text().splitlines() if x]
+        blocks = max((x.get("blocks", 0) for x in fit_log), default=0)
+        spent_h = (time.time() - r.state["started"]) * (os.cpu_count() or 1) / 3600
+        row = {"date": date.today().isoformat(), "cpu": _cpu_name(), "data_mode": args.data_mode,
+               "cursor": res["data"]["cursor_to"], "blocks": prev["blocks"] + blocks,
+               "cpu_hours": round(prev["cpu_hours"] + spent_h, 3), "tau": res["eval"]["tau"],
+               "tau_by_dataset": res["eval"]["tau_by_dataset"], "worst_ece": res["eval"]["worst_ece"],
+               "fit_steps": res["fit"]["fit_steps"], "fit_seconds": res["fit"]["fit_seconds"],
+               "shipped": ok, "why": why}
+        if ok:
+            cand = Path(res["calibrate"]["candidate"])
+            for name in ("config.json", "model.safetensors", "sts.json"):
+                shutil.copy(cand / name, Path(args.drafter) / name)
+        tdir = training_dir(args.drafter)
+        tdir.mkdir(parents=True, exist_ok=True)
+        with open(tdir / "curve.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        (tdir / "cursor.json").write_text(json.dumps({"next": res["data"]["cursor_to"]}) + "\n")
+        print(f"[continue] {'shipped' if ok else 'not shipped'}: {why}")
+        return row
+
+    for name, fn in (("data", data_stage), ("capture", capture_stage), ("fit", fit_stage),
+                     ("calibrate", calibrate_stage), ("eval", eval_stage), ("ship", ship_stage)):
+        r.stage(name, fn)
+    result = {k: v for k, v in r.state["results"]["ship"].items() if k != "seconds"}
+    shutil.rmtree(r.work, ignore_errors=True)  # the round is recorded; its caches are not reused
+    return result
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"

@@ -1,0 +1,83 @@
+"""`train continue`: a training round from the committed drafter on fresh data, recorded, resumable (tiny target)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from sglang_dspark.train import accumulate
+from sglang_dspark.train.__main__ import main
+from sglang_dspark.train.tiny import make_tiny_conversations, make_tiny_target
+
+
+def test_ship_only_a_better_calibrated_drafter():
+    curve = [{"tau": 1.4, "shipped": True}, {"tau": 1.6, "shipped": False}]
+    assert accumulate.should_ship(1.5, 0.02, curve)[0]
+    assert not accumulate.should_ship(1.39, 0.02, curve)[0]
+    assert not accumulate.should_ship(1.9, 0.05, curve)[0]
+    assert not accumulate.should_ship(1.9, None, curve)[0]
+    assert accumulate.should_ship(1.1, 0.01, [])[0]
+
+
+def test_worst_position_ece_forgives_positions_at_their_noise_floor():
+    rep = {"ece_sts_by_position": [0.01, 0.05, 0.2, None], "ece_sts_floor_by_position": [0.02, 0.03, 0.25, None]}
+    assert accumulate.worst_position_ece(rep) == pytest.approx(0.05)
+    assert accumulate.worst_position_ece({}) is None
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cont")
+    make_tiny_target(str(root / "t"), "qwen2", num_layers=3, hidden_size=32)
+    make_tiny_conversations(str(root / "conv.jsonl"), n=4)
+    main(["capture", "--target", str(root / "t"), "--data", str(root / "conv.jsonl"), "--out", str(root / "c"),
+          "--target-layer-ids", "0,1", "--dtype", "fp32", "--min-loss-tokens", "5", "--max-length", "96"])
+    main(["fit", "--cache", str(root / "c"), "--layers", "1", "--block-size", "3", "--markov-rank", "4",
+          "--intermediate-size", "32", "--num-anchors", "8", "--batch", "2", "--steps", "2", "--save-every", "2",
+          "--holdout-fraction", "0.25", "--max-length", "96", "--no-save-shared", "--out", str(root / "run")])
+    drafter = root / "drafter"
+    shutil.copytree(root / "run" / "step_2", drafter, ignore=shutil.ignore_patterns("training_state.pt"))
+    return root, drafter
+
+
+def test_two_rounds_accumulate_on_fresh_prompts(tiny, monkeypatch):
+    root, drafter = tiny
+    monkeypatch.setattr(accumulate, "DEFAULT_STEP_SECONDS", 30.0)  # 60 s of fit budget -> 2 steps
+    torch.set_num_threads(1)
+    args = ["continue", "--budget-min", "1", "--drafter", str(drafter), "--target", str(root / "t"), "--work",
+            str(root / "work"), "--prompts", "6", "--eval-limit", "2", "--eval-tokens", "6",
+            "--fit-args", "--max-length 96 --eval-every 0 --num-anchors 8 --steps 3"]
+    first = main(args)
+    assert not (root / "work").exists()
+    assert json.loads((drafter / "training" / "cursor.json").read_text()) == {"next": 6}
+    assert first["cursor"] == 6 and first["blocks"] > 0 and first["tau"] >= 1.0 and first["cpu_hours"] > 0
+    second = main(args)
+    curve = accumulate.read_curve(str(drafter))
+    assert [r["cursor"] for r in curve] == [6, 12]
+    assert curve[1]["blocks"] > curve[0]["blocks"] and curve[1]["cpu_hours"] > curve[0]["cpu_hours"]
+    assert second == curve[1]
+
+
+def test_an_interrupted_round_resumes_at_its_stage(tiny, monkeypatch):
+    root, drafter = tiny
+    calls = []
+    real = accumulate.Round.stage
+
+    def stage(self, name, fn):
+        if name == "fit" and not calls:
+            calls.append(name)
+            raise KeyboardInterrupt
+        return real(self, name, fn)
+
+    monkeypatch.setattr(accumulate.Round, "stage", stage)
+    monkeypatch.setattr(accumulate, "DEFAULT_STEP_SECONDS", 30.0)
+    args = ["continue", "--budget-min", "1", "--drafter", str(drafter), "--target", str(root / "t"), "--work",
+            str(root / "work2"), "--prompts", "4", "--eval-limit", "1", "--eval-tokens", "4", "--no-ship",
+            "--fit-args", "--max-length 96 --eval-every 0 --num-anchors 8 --steps 3"]
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    state = json.loads((root / "work2" / "state.json").read_text())
+    assert state["done"] == ["data", "capture"]
+    out = main(args)
+    assert out["shipped"] is False
