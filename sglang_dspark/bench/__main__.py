@@ -1,5 +1,5 @@
 """`python -m sglang_dspark.bench {baseline,serve,ab,single_stream,sim,draft_cost,acceptance_report,repeats,
-grammar_mix}`."""
+grammar_mix,learning_curves}`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "acceptance_report": "sglang_dspark.bench.acceptance_report",
     "repeats": "sglang_dspark.bench.repeats",
     "grammar_mix": "sglang_dspark.bench.grammar_mix",
+    "learning_curves": "sglang_dspark.bench.learning_curves",
 }
 
 

@@ -25,6 +25,8 @@ import time
 from datetime import date
 from pathlib import Path
 
+from ..bench.machine import describe_machine
+
 SHARES = {"data": 0.30, "fit": 0.45}  # of the budget; capture statistics, calibration and eval take the rest
 ECE_LIMIT = 0.03
 DEFAULT_STEP_SECONDS = 3.0  # one 2-sequence, 128-anchor step on one 2-core CPU (2026-11-30)
@@ -220,7 +222,7 @@ def run(args: argparse.Namespace) -> dict:
         fit_log = [json.loads(x) for x in (r.work / "fit" / "train_log.jsonl").read_text().splitlines() if x]
         blocks = max((x.get("blocks", 0) for x in fit_log), default=0)
         spent_h = (time.time() - r.state["started"]) * (os.cpu_count() or 1) / 3600
-        row = {"date": date.today().isoformat(), "cpu": _cpu_name(), "data_mode": args.data_mode,
+        row = {"date": date.today().isoformat(), "cpu": describe_machine(), "data_mode": args.data_mode,
                "cursor": res["data"]["cursor_to"], "blocks": prev["blocks"] + blocks,
                "cpu_hours": round(prev["cpu_hours"] + spent_h, 3), "tau": res["eval"]["tau"],
                "tau_by_dataset": res["eval"]["tau_by_dataset"], "worst_ece": res["eval"]["worst_ece"],
@@ -244,13 +246,3 @@ def run(args: argparse.Namespace) -> dict:
     result = {k: v for k, v in r.state["results"]["ship"].items() if k != "seconds"}
     shutil.rmtree(r.work, ignore_errors=True)  # the round is recorded; its caches are not reused
     return result
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
