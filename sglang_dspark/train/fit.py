@@ -14,6 +14,7 @@ import math
 import os
 import random
 import shutil
+import time
 
 import torch
 from tqdm import tqdm
@@ -209,6 +210,7 @@ def run_fit(args) -> dict:
     if eval_every and start == 0 and held_eval and world.main:
         with open(log_path, "a") as f:
             f.write(json.dumps({"step": 0, "blocks": 0, **evaluate()}) + "\n")
+    t_start = time.time()  # elapsed_s in the log: this process's fit time, for rates and CPU-hours
     bar = tqdm(range(start, args.steps), desc="fit", initial=start, total=args.steps, unit="step",
                disable=not world.main)
     for step in bar:
@@ -259,7 +261,7 @@ def run_fit(args) -> dict:
         optimizer.step()
         scheduler.step()
         rec = {"step": step + 1, "blocks": blocks, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-               **agg}
+               "elapsed_s": round(time.time() - t_start, 3), **agg}
         evaluated = bool(eval_every and held_eval and world.main
                          and ((step + 1) % eval_every == 0 or step + 1 == args.steps))
         if evaluated:
