@@ -45,6 +45,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--fit-args", default="", help="extra `train fit` flags, e.g. '--lr 3e-4'")
     p.add_argument("--no-ship", action="store_true", help="evaluate and record, never replace the drafter")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="target dtype for capture and eval (fp32 is ~4x faster than bf16 on CPUs without "
+                        "AVX512-BF16)")
 
 
 def training_dir(drafter: str) -> Path:
@@ -159,7 +162,8 @@ def run(args: argparse.Namespace) -> dict:
         take = rows[start: start + n]  # the last round before the wrap takes what is left
         if args.data_mode == "generate":
             train_main(["generate", "--target", args.target, "--out", str(data), "--offset", str(start),
-                        "--limit", str(len(take)), "--temperature", "0", "--max-new-tokens", "256", "--batch", "32"])
+                        "--limit", str(len(take)), "--temperature", "0", "--max-new-tokens", "256", "--batch", "32",
+                        "--dtype", "float32" if args.dtype == "fp32" else "bfloat16"])
         else:
             with open(data, "w") as f:
                 for rid, src, text in take:
@@ -171,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     def capture_stage():
         train_main(["capture", "--target", args.target, "--data", str(data), "--out", str(cache),
                     "--target-layer-ids", ",".join(map(str, cfg.target_layer_ids)), "--max-length", "1024",
-                    "--system-prompt", ""])
+                    "--system-prompt", "", "--dtype", args.dtype])
         train_main(["targets", "--cache", str(cache), "--top-k", "64"])
         return {"holdout_fraction": holdout_fraction_for(str(cache))}
 
@@ -209,7 +213,7 @@ def run(args: argparse.Namespace) -> dict:
 
         rep = eval_main(["--target", args.target, "--drafter", str(r.work / "candidate"), "--limit",
                          str(args.eval_limit), "--max-new-tokens", str(args.eval_tokens), "--temperature", "0",
-                         "--json", str(r.work / "eval_T0.json")])
+                         "--dtype", args.dtype, "--json", str(r.work / "eval_T0.json")])
         return {"tau": rep["tau"], "tau_by_dataset": rep["tau_by_dataset"], "ece_sts": rep.get("ece_sts"),
                 "worst_ece": worst_position_ece(rep)}
 

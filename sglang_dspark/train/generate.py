@@ -32,6 +32,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=32, help="prompts per Engine.generate call (one resume unit)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--dtype", default="auto",
+                   help="Engine dtype (auto = the model's); float32 is ~4x faster than bf16 on CPUs without "
+                        "AVX512-BF16, and its greedy text differs from bf16's only at near-ties")
     p.add_argument("--url", default=None,
                    help="drive a running SGLang server or sglang-router (OpenAI API at URL/v1) instead of starting "
                         "an Engine here: generation scales with the cluster behind it; --batch requests in flight")
@@ -85,7 +88,8 @@ def run(args: argparse.Namespace) -> None:
 
     tok = AutoTokenizer.from_pretrained(target)
     engine = sgl.Engine(model_path=target, device="cpu", attention_backend="torch_native",
-                        max_total_tokens=args.max_total_tokens, log_level="warning", random_seed=args.seed)
+                        max_total_tokens=args.max_total_tokens, log_level="warning", random_seed=args.seed,
+                        dtype=args.dtype)
     params = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
               "max_new_tokens": args.max_new_tokens}
     bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="generate", unit="prompt")
