@@ -217,6 +217,25 @@ def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
     return not cache_path(key).exists()
 
 
+def cpu_thread_binds(argv: list[str], cores: list[int]) -> str | None:
+    """SGLANG_CPU_OMP_THREADS_BIND for tp x dp CPU ranks ("0|1", "0-3|4-7"): SGLang's CPU engine asserts that
+    tp * dp fits the NUMA nodes unless it is given one core set per rank. None for a single rank."""
+    def size(flag: str, short: str | None = None) -> int:
+        v = _flag_value(argv, flag) or (_flag_value(argv, short) if short else None)
+        return int(v) if v else 1
+
+    ranks = size("--tp-size", "--tp") * size("--dp-size", "--dp")
+    if ranks <= 1:
+        return None
+    cores = sorted(cores)
+    if len(cores) < ranks:
+        raise SystemExit(f"sglang_dspark: {ranks} CPU ranks (tp x dp) need at least {ranks} cores, this process may "
+                         f"use {len(cores)}")
+    per = len(cores) // ranks
+    groups = [cores[i * per:(i + 1) * per] for i in range(ranks)]
+    return "|".join(str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in groups)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cuda = _cuda_available()
@@ -226,6 +245,10 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sglang_argv = build_argv(argv, cuda)
     helping = "-h" in sglang_argv or "--help" in sglang_argv
+    if not cuda and not helping and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+        binds = cpu_thread_binds(sglang_argv, sorted(os.sched_getaffinity(0)))
+        if binds:
+            os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = binds
     note = None if cuda or helping else cpu_bf16_note(sglang_argv, _cpu_flags())
     if note:
         print(note, file=sys.stderr, flush=True)

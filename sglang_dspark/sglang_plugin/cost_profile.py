@@ -25,7 +25,8 @@ CACHE_DIR = Path(os.environ.get("SGLANG_DSPARK_CACHE", Path.home() / ".cache" / 
 PRIOR_COEF = (0.06, 0.004, 0.002, 2e-7)
 
 
-def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "sglang", gemm: str = "native") -> dict:
+def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "sglang", gemm: str = "native",
+             tp_size: int = 1) -> dict:
     """verify_attention: which attention code runs verify forwards ("sglang" or "chain-sdpa"); it changes the
     verify cost several-fold on a CPU, so a cost model profiled with one must not be reused for the other. gemm:
     cpu_gemm.engine_gemm_kind(), named in the key only when it is not SGLang's own (older caches stay valid)."""
@@ -38,6 +39,8 @@ def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "
         key["cpu"] = cpu_identity()
     if gemm != "native":
         key["gemm"] = gemm
+    if tp_size > 1:  # a TP step costs its collectives too
+        key["tp_size"] = int(tp_size)
     return key
 
 
@@ -77,8 +80,9 @@ def cache_path(key: dict) -> Path:
 
 
 class CostModelManager:
-    def __init__(self, key: dict, explicit_path: str | None, profile: bool):
+    def __init__(self, key: dict, explicit_path: str | None, profile: bool, writes_files: bool = True):
         self.key = key
+        self.writes_files = writes_files  # under TP only rank 0 writes the profiled model
         self.samples: list[tuple[int, int, int, float]] = []
         self.source = "prior"
         path = Path(explicit_path) if explicit_path else cache_path(key)
@@ -116,8 +120,9 @@ class CostModelManager:
             logger.warning("DSPARK_EXT cost profile fit failed (%s); keeping the prior", e)
             return
         path = cache_path(self.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.model.save(path)
-        self.source = str(path)
+        if self.writes_files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.model.save(path)
+            self.source = str(path)
         logger.info("DSPARK_EXT cost model profiled from %d steps: coef=%s -> %s", len(samples), self.model.coef,
                     path)

@@ -40,6 +40,22 @@ def _weight(module) -> torch.Tensor | None:
     return None if w is None else w.detach()
 
 
+def _full_vocab(weight: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+    """Under tensor parallelism the target's embedding and lm_head hold one vocabulary shard per rank (padded):
+    gather the shards in rank order so the drafter sees every token; the caller trims the padding."""
+    if weight is None or weight.shape[0] >= vocab_size:
+        return weight
+    from sglang.srt.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+
+    if get_tensor_model_parallel_world_size() <= 1:
+        return weight
+    full = tensor_model_parallel_all_gather(weight.contiguous(), dim=0)
+    if full.shape[0] < vocab_size:
+        raise DrafterMismatchError(f"gathered target vocabulary has {full.shape[0]} rows, the drafter needs "
+                                   f"{vocab_size}")
+    return full
+
+
 def load_drafter_for_target(path: str, target_model, model_config, options, device):
     if not path or not os.path.isdir(path):
         raise DrafterMismatchError(f"DSPARK_EXT needs --speculative-draft-model-path DIR; got {path!r}")
@@ -51,8 +67,8 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
     if not options.draft_dtype and gemm_kind == cpu_gemm.ROW_DISPATCH:
         dtype = torch.float32  # torch's bf16 GEMM costs per row: the drafter's gamma-row GEMMs go fp32
     inner = getattr(target_model, "model", target_model)
-    embed = _weight(getattr(inner, "embed_tokens", None))
-    lm_head = _weight(getattr(target_model, "lm_head", None))
+    embed = _full_vocab(_weight(getattr(inner, "embed_tokens", None)), cfg.vocab_size)
+    lm_head = _full_vocab(_weight(getattr(target_model, "lm_head", None)), cfg.vocab_size)
     if lm_head is None or lm_head.shape[0] < cfg.vocab_size:
         lm_head = embed  # tied embeddings
     if embed is not None:

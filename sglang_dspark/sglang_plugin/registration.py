@@ -38,9 +38,13 @@ def validate_server_args(server_args) -> None:
         raise ValueError(f"{ALGORITHM_NAME} needs --speculative-draft-model-path (a DSpark drafter directory)")
     unsupported = {
         "pipeline parallelism (--pp-size > 1)": (getattr(sa, "pp_size", 1) or 1) > 1,
-        "data parallelism (--dp-size > 1)": (getattr(sa, "dp_size", 1) or 1) > 1,
+        # plain DP replicas need nothing from each other; dp-attention splits one batch's attention across DP
+        # ranks, whose ragged verify layouts the worker does not exchange
+        "--enable-dp-attention": bool(getattr(sa, "enable_dp_attention", False)),
         "--enable-mixed-chunk": bool(getattr(sa, "enable_mixed_chunk", False)),
         "LoRA": bool(getattr(sa, "enable_lora", False)),
+        # the decode side gets no draft state from the prefill side for a custom algorithm (0.5.23's
+        # build_disagg_draft_input returns None) and would run without speculation
         "PD disaggregation": str(getattr(sa, "disaggregation_mode", "null") or "null") != "null",
     }
     bad = [k for k, v in unsupported.items() if v]

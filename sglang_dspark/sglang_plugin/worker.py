@@ -17,6 +17,7 @@ A drafter failure (exception or non-finite output) makes that step a plain decod
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ from sglang_dspark.sglang_plugin.drafter_setup import load_drafter_for_target
 from sglang_dspark.sglang_plugin.grammar import (CopySources, GrammarDrafts, batch_grammars, mask_verify_rows,
                                                  walk_drafts)
 from sglang_dspark.sglang_plugin.options import DSparkOptions
+from sglang_dspark.sglang_plugin.rank_sync import RankSync
 from sglang_dspark.sglang_plugin.request_params import draft_temperature_caps, request_floors, verify_caps
 from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalDrafter, RetrievalProposal, token_context
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
@@ -111,10 +113,13 @@ class DSparkExtWorker(BaseSpecWorker):
             biases=None if sts.biases is None else sts.biases[:g],
             biases_sampled=None if sts.biases_sampled is None else sts.biases_sampled[:g])
         sa = server_args
+        tp_size = int(getattr(sa, "tp_size", 1) or 1)
+        self.sync = RankSync.from_sglang(tp_size)  # under TP rank 0 decides; the others adopt (rank_sync.py)
         attention = verify_attention_kind(getattr(sa, "attention_backend", None), self.options.chain_verify_attention)
         self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device,
-                                               attention, cpu_gemm.engine_gemm_kind()),
-                                      self.options.cost_model_path, self.options.profile_cost_model)
+                                               attention, cpu_gemm.engine_gemm_kind(), tp_size=tp_size),
+                                      self.options.cost_model_path, self.options.profile_cost_model,
+                                      writes_files=self.sync.authoritative)
         self.cost_model = self.costs.model
         self.policy = make_policy(self.options.controller, self.cost_model, gamma=self.gamma)
         self.draft_cost = DraftCostModel()
@@ -129,7 +134,7 @@ class DSparkExtWorker(BaseSpecWorker):
         self.counters = WorkerCounters()
         self.context_pool: DraftContextPool | None = None
         trace_path = os.environ.get("SGLANG_DSPARK_TRACE_PATH")
-        self.trace = StepTrace(trace_path) if trace_path else None
+        self.trace = StepTrace(trace_path) if trace_path and self.sync.authoritative else None
         self.step_index = 0
         self._proposal = None  # the last draft pass's Proposal, for grammar walks (_draft_scores)
         self._hf_tokenizer = None  # loaded on the first grammar step (_tokenizer)
@@ -329,7 +334,8 @@ class DSparkExtWorker(BaseSpecWorker):
         for i in active.tolist():
             stats.drafted[i] = 1
         fast_path = self.options.plain_decode_fast_path and not self.costs.profiling
-        if fast_path and len(active) == 0 and not grammar_rows and retrieval is None:  # nothing drafted or forced
+        if self.sync.flag(fast_path and len(active) == 0 and not grammar_rows and retrieval is None):  # nothing
+            # drafted or forced (on rank 0: every TP rank takes the same path)
             return self._plain_decode(batch, state, anchors, committed, torch.zeros(bs, dtype=torch.int64), stats,
                                       None, None, None)
         prof = self.profiler is not None
@@ -390,6 +396,8 @@ class DSparkExtWorker(BaseSpecWorker):
         else:
             verify_lens = torch.zeros(bs, dtype=torch.int64)
             used = None
+        if self.sync.enabled:  # every TP rank verifies rank 0's drafts over rank 0's lengths
+            verify_lens, drafts = self.sync.ints(verify_lens, drafts)
         # the drafter's own value: a step that verified a retrieval chain says nothing about drafting that request
         drafter_lens = verify_lens if used is None else torch.where(used, torch.zeros_like(verify_lens), verify_lens)
 
@@ -398,7 +406,7 @@ class DSparkExtWorker(BaseSpecWorker):
         if fallback is None:
             self.probe_gate.observe(self.step_index, len(active), int(useful.sum()))
         # (while profiling the verify cost curve, l = 0 steps are verify samples too: T = R anchors the fit)
-        if fast_path and int(verify_lens.sum()) == 0:
+        if self.sync.flag(fast_path and int(verify_lens.sum()) == 0):
             return self._plain_decode(batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits,
                                       None if fallback else conf, (useful, savings))
 
@@ -424,6 +432,10 @@ class DSparkExtWorker(BaseSpecWorker):
             apply_custom_processors(processed, verify_lens, si)
         with section("dspark.accept", prof):
             accept = self._accept(processed, rows, verify_lens, drafts, draft_dist, si)
+            if self.sync.enabled:  # sampled acceptance draws per rank: rank 0's outcome is the one committed
+                a, b, o, n = self.sync.ints(accept.accept_lens, accept.bonus_tokens, accept.output_tokens,
+                                            accept.num_output)
+                accept = dataclasses.replace(accept, accept_lens=a, bonus_tokens=b, output_tokens=o, num_output=n)
         with section("dspark.context_write", prof):
             self.context_pool.defer(slots, positions, self._features(out))
         if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
@@ -490,6 +502,8 @@ class DSparkExtWorker(BaseSpecWorker):
                 tokens = sample_plain(res.logits_output.next_token_logits, batch.sampling_info)
         else:
             tokens = res.next_token_ids.to(torch.int64)
+        if self.sync.enabled:
+            tokens, = self.sync.ints(tokens)
         if torch.device(self.device).type == "cuda":
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0

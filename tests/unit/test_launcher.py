@@ -272,3 +272,14 @@ def test_cuda_only_algorithm_exits_before_importing_sglang(tmp_path):
     assert r.returncode != 0
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("sglang_dspark:") and "DSPARK_EXT" in lines[0], r.stderr
+
+
+def test_cpu_ranks_get_one_core_set_each():
+    from sglang_dspark.launch_server import cpu_thread_binds
+
+    assert cpu_thread_binds(["--model-path", "m"], [0, 1]) is None
+    assert cpu_thread_binds(["--tp-size", "2"], [0, 1]) == "0|1"
+    assert cpu_thread_binds(["--tp", "2", "--dp-size", "2"], list(range(8))) == "0-1|2-3|4-5|6-7"
+    assert cpu_thread_binds(["--dp-size", "2"], [4, 5, 6]) == "4|5"
+    with pytest.raises(SystemExit, match="need at least 4 cores"):
+        cpu_thread_binds(["--tp-size", "4"], [0, 1])
