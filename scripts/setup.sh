@@ -34,6 +34,9 @@ $VENV/bin/python -c "import torch, sys; v=torch.__version__; sys.exit(0 if v.sta
 step "patches/ (CPU sgl_kernel, torchvision guard, attention-backend override)"
 $VENV/bin/python scripts/apply_patches.py
 
+step "sglang-router 0.3.2 (data-parallel replicas behind one endpoint; binary abi3 wheel)"
+$PIP install -q "sglang-router==0.3.2" --no-deps 2>&1 | grep -v '^WARNING: Location' || true
+
 step "sglang_dspark (editable)"
 $PIP install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v '^WARNING: Location' || true
 

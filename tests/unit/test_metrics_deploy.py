@@ -69,3 +69,25 @@ def test_grafana_provisioning():
     provider = load("grafana/provisioning/dashboards/dspark.yml")["providers"][0]
     assert provider["type"] == "file" and provider["options"]["path"] == "/var/lib/grafana/dashboards"
     assert (DEPLOY / "grafana" / "dashboards" / "sglang-dspark.json").is_file()
+
+
+def test_replicas_stack_scrapes_every_replica_and_the_router():
+    compose = load("docker-compose.replicas.yml")
+    services = compose["services"]
+    replicas = [n for n in services if n.startswith("replica")]
+    assert len(replicas) >= 2
+    for n in replicas:
+        cmd = [str(a) for a in services[n]["command"]]
+        assert "sglang_dspark.launch_server" in cmd and "--enable-metrics" in cmd
+        assert cmd[cmd.index("--port") + 1] == "30000"
+    router = [str(a) for a in services["router"]["command"]]
+    assert "sglang_router.launch_router" in router
+    urls = router[router.index("--worker-urls") + 1: router.index("--policy")]
+    assert urls == [f"http://{n}:30000" for n in replicas]
+    assert "./prometheus.replicas.yml:/etc/prometheus/prometheus.yml:ro" in services["prometheus"]["volumes"]
+    cfg = load("prometheus.replicas.yml")
+    jobs = {j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]] for j in cfg["scrape_configs"]}
+    assert jobs["sglang"] == [f"{n}:30000" for n in replicas]
+    assert jobs["sglang-router"] == [f"router:{router[router.index('--prometheus-port') + 1]}"]
+    assert cfg["scrape_configs"][0]["metric_relabel_configs"] == load("prometheus.yml")["scrape_configs"][0][
+        "metric_relabel_configs"]
