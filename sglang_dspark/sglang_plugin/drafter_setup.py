@@ -45,7 +45,8 @@ def _full_vocab(weight: torch.Tensor | None, vocab_size: int) -> torch.Tensor | 
     gather the shards in rank order so the drafter sees every token; the caller trims the padding."""
     if weight is None or weight.shape[0] >= vocab_size:
         return weight
-    from sglang.srt.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+    from sglang.srt.distributed.communication_op import tensor_model_parallel_all_gather
+    from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
 
     if get_tensor_model_parallel_world_size() <= 1:
         return weight
