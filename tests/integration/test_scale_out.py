@@ -98,17 +98,21 @@ class Router:
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        deadline = time.monotonic() + 120
+        # the router is up before it has registered its workers (503 until then): wait for a served request
+        probe = json.dumps({"text": "probe", "sampling_params": {"max_new_tokens": 1}}).encode()
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"router exited:\n{self.log_path.read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                req = urllib.request.Request(self.url + "/generate", data=probe,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as r:
                     if r.status == 200:
                         return self
             except Exception:
-                time.sleep(0.5)
-        raise TimeoutError(f"router not healthy:\n{self.log_path.read_text()[-3000:]}")
+                time.sleep(1.0)
+        raise TimeoutError(f"router serves nothing:\n{self.log_path.read_text()[-3000:]}")
 
     def __exit__(self, *exc) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -148,7 +152,7 @@ def test_two_replicas_behind_the_router_both_serve_and_are_scraped(replicas, log
 
         with ThreadPoolExecutor(4) as pool:
             assert list(pool.map(one, range(32))) == [8] * 32
-        served = [_metric(s.url, "sglang:dspark_request_steps_total") for s in replicas]
+        served = [_metric(s.url, "sglang:dspark_verify_steps_total") for s in replicas]
         assert all(v > 0 for v in served), f"a replica served nothing through the router: {served}"
 
         binary = prometheus_binary()
