@@ -83,3 +83,16 @@ def make_tiny_prompts(path: str, n: int = 3, seed: int = 0) -> None:
     with open(path, "w") as f:
         for _ in range(n):
             f.write(json.dumps({"turns": [" ".join(rng.choices(["x", "y", "zz", "count", "to"], k=4))]}) + "\n")
+
+
+def make_tiny_cache(root, num_layers: int = 3, n: int = 6, layer_ids: str = "0,1", family: str = "qwen2"):
+    """A tiny random target at <root>/t, `n` conversations and their fp32 feature cache at <root>/cache.
+    Returns (target_dir, cache_dir) as strings."""
+    from .__main__ import main
+
+    target, conv, cache = os.path.join(root, "t"), os.path.join(root, "conv.jsonl"), os.path.join(root, "cache")
+    make_tiny_target(target, family, num_layers=num_layers, hidden_size=32)
+    make_tiny_conversations(conv, n=n)
+    main(["capture", "--target", target, "--data", conv, "--out", cache, "--target-layer-ids", layer_ids,
+          "--dtype", "fp32", "--min-loss-tokens", "5", "--max-length", "96"])
+    return target, cache

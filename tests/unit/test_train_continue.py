@@ -8,7 +8,7 @@ import torch
 
 from sglang_dspark.train import accumulate
 from sglang_dspark.train.__main__ import main
-from sglang_dspark.train.tiny import make_tiny_conversations, make_tiny_target
+from sglang_dspark.train.tiny import make_tiny_cache
 
 
 def test_ship_only_a_better_calibrated_drafter():
@@ -29,11 +29,8 @@ def test_worst_position_ece_forgives_positions_at_their_noise_floor():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("cont")
-    make_tiny_target(str(root / "t"), "qwen2", num_layers=3, hidden_size=32)
-    make_tiny_conversations(str(root / "conv.jsonl"), n=4)
-    main(["capture", "--target", str(root / "t"), "--data", str(root / "conv.jsonl"), "--out", str(root / "c"),
-          "--target-layer-ids", "0,1", "--dtype", "fp32", "--min-loss-tokens", "5", "--max-length", "96"])
-    main(["fit", "--cache", str(root / "c"), "--layers", "1", "--block-size", "3", "--markov-rank", "4",
+    make_tiny_cache(str(root), num_layers=3, n=4)
+    main(["fit", "--cache", str(root / "cache"), "--layers", "1", "--block-size", "3", "--markov-rank", "4",
           "--intermediate-size", "32", "--num-anchors", "8", "--batch", "2", "--steps", "2", "--save-every", "2",
           "--holdout-fraction", "0.25", "--max-length", "96", "--no-save-shared", "--out", str(root / "run")])
     drafter = root / "drafter"

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from sglang_dspark.train.__main__ import main
-from sglang_dspark.train.tiny import make_tiny_conversations, make_tiny_target
+from sglang_dspark.train.tiny import make_tiny_cache
 
 FIT = ["fit", "--layers", "1", "--block-size", "3", "--markov-rank", "4", "--intermediate-size", "32",
        "--num-anchors", "16", "--batch", "4", "--steps", "4", "--lr", "5e-3", "--warmup-ratio", "0",
@@ -23,11 +22,7 @@ def _log(run):
 
 @pytest.mark.timeout(600)
 def test_two_gloo_processes_follow_the_single_process_loss_curve(tmp_path):
-    make_tiny_target(str(tmp_path / "t"), "qwen2", num_layers=3, hidden_size=32)
-    make_tiny_conversations(str(tmp_path / "conv.jsonl"), n=10)
-    main(["capture", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "conv.jsonl"), "--out",
-          str(tmp_path / "cache"), "--target-layer-ids", "0,1", "--dtype", "fp32", "--min-loss-tokens", "5",
-          "--max-length", "96"])
+    make_tiny_cache(str(tmp_path), num_layers=3, n=10)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     common = [*FIT, "--cache", str(tmp_path / "cache")]
     subprocess.run([sys.executable, "-m", "sglang_dspark.train", *common, "--out", str(tmp_path / "one")],

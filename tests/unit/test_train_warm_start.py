@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 from sglang_dspark.drafter import DSparkConfig, DSparkDraftModel
 from sglang_dspark.drafter.model import rope_cos_sin
 from sglang_dspark.train.target import read_target_config
-from sglang_dspark.train.tiny import make_tiny_target
+from sglang_dspark.train.tiny import make_tiny_cache, make_tiny_target
 from sglang_dspark.train.warm_start import (WarmStartError, init_from_target, keep_channels,
                                             mlp_channel_importance)
 
@@ -89,13 +89,7 @@ def test_fit_cli_warm_starts_and_trains(tmp_path):
     from sglang_dspark.drafter import load_drafter
     from sglang_dspark.train.__main__ import main
     from sglang_dspark.train.target import load_target_shared_weights
-    from sglang_dspark.train.tiny import make_tiny_conversations
-
-    make_tiny_target(str(tmp_path / "t"), "qwen2", num_layers=4, hidden_size=32)
-    make_tiny_conversations(str(tmp_path / "conv.jsonl"), n=4)
-    main(["capture", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "conv.jsonl"), "--out",
-          str(tmp_path / "cache"), "--target-layer-ids", "0,1", "--dtype", "fp32", "--min-loss-tokens", "5",
-          "--max-length", "96"])
+    make_tiny_cache(str(tmp_path), num_layers=4, n=4)
     fit = ["fit", "--cache", str(tmp_path / "cache"), "--layers", "2", "--block-size", "3", "--markov-rank", "4",
            "--intermediate-size", "24", "--num-anchors", "16", "--batch", "2", "--steps", "2", "--lr", "1e-9",
            "--holdout-fraction", "0.25", "--save-every", "2", "--save-dtype", "fp32", "--max-length", "96"]
@@ -125,13 +119,7 @@ def test_fit_logs_heldout_acceptance_against_blocks(tmp_path):
     import json
 
     from sglang_dspark.train.__main__ import main
-    from sglang_dspark.train.tiny import make_tiny_conversations
-
-    make_tiny_target(str(tmp_path / "t"), "qwen2", num_layers=3, hidden_size=32)
-    make_tiny_conversations(str(tmp_path / "conv.jsonl"), n=6)
-    main(["capture", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "conv.jsonl"), "--out",
-          str(tmp_path / "cache"), "--target-layer-ids", "0,1", "--dtype", "fp32", "--min-loss-tokens", "5",
-          "--max-length", "96"])
+    make_tiny_cache(str(tmp_path), num_layers=3, n=6)
     main(["fit", "--cache", str(tmp_path / "cache"), "--layers", "1", "--block-size", "3", "--markov-rank", "4",
           "--intermediate-size", "32", "--num-anchors", "8", "--batch", "2", "--steps", "4", "--eval-every", "2",
           "--eval-samples", "2", "--eval-anchors", "8", "--holdout-fraction", "0.4", "--save-every", "4",
