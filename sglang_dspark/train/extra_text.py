@@ -21,6 +21,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-ids-from", default="runs/data/generated.jsonl",
                    help="prompts already regenerated are not reused")
     p.add_argument("--limit", type=int, default=400)
+    p.add_argument("--offset", type=int, default=0, help="skip this many prompts of the interleaved list first")
     p.add_argument("--max-chars", type=int, default=2000)
 
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
     if args.skip_ids_from and Path(args.skip_ids_from).exists():
         with open(args.skip_ids_from) as f:
             skip = {json.loads(line)["id"] for line in f if line.strip()}
-    rows = [r for r in _load_prompt_rows(args.sources) if r[0] not in skip][: args.limit]
+    rows = [r for r in _load_prompt_rows(args.sources)[args.offset:] if r[0] not in skip][: args.limit]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         for rid, src, text in rows:
