@@ -10,8 +10,8 @@ TP group's first rank over its CPU (gloo) group, and every rank adopts them:
   accept  the accept lengths, the committed tokens and the bonus tokens;
   plain   the sampled tokens of a plain decode step that samples itself.
 
-The other ranks' controllers keep running on their own numbers, but what they choose is overwritten, so nothing
-they learn reaches a decision. `SGLANG_DSPARK_TP_SYNC=0` turns the broadcasts off, for debugging only: ranks
+The other ranks' policies still run (cheap), but their choices are overwritten, and their cost models, gates and
+calibration are never fed: only rank 0's learn, from rank 0's clock. `SGLANG_DSPARK_TP_SYNC=0` turns the broadcasts off, for debugging only: ranks
 can then diverge and hang.
 """
 

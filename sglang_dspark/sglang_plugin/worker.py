@@ -357,7 +357,8 @@ class DSparkExtWorker(BaseSpecWorker):
             stats.grammar_requests, stats.grammar_forced = len(grammar_rows), grammar.forced
             stats.grammar_replaced, stats.grammar_copied = grammar.replaced, grammar.jump + grammar.lookup
         if fallback is None:
-            self.draft_cost.update(len(active), stats.draft_s)
+            if self.sync.authoritative:  # under TP only rank 0's models learn: they alone decide
+                self.draft_cost.update(len(active), stats.draft_s)
             conf = self.calibration.calibrate(conf_logits, sampled=sampled)
             used = self._choose_sources(retrieval, active, bs, conf, stats)
             if used is not None:
@@ -441,8 +442,10 @@ class DSparkExtWorker(BaseSpecWorker):
         if torch.device(self.device).type == "cuda":  # time the GPU work, not the launch
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
-        self.costs.record(int(len(slots)), bs, int(committed.sum()), stats.verify_s)
-        if self.plain_gate is not None and not self.costs.profiling:  # before policy.observe refines the model
+        if self.sync.authoritative:
+            self.costs.record(int(len(slots)), bs, int(committed.sum()), stats.verify_s)
+        if self.plain_gate is not None and not self.costs.profiling and self.sync.authoritative:  # before
+            # policy.observe refines the model
             self.plain_gate.observe_verify(stats.verify_s,
                                            float(self.cost_model.predict(int(len(slots)), bs, int(committed.sum()))))
 
@@ -468,7 +471,7 @@ class DSparkExtWorker(BaseSpecWorker):
             self._observe_metrics(stats, committed, None if fallback else conf)
         if used is not None:
             self.retrieval.observe(retrieval, used, verify_lens, accept_lens)
-        if fallback is None:
+        if fallback is None and self.sync.authoritative:
             self.calibration.record(conf_logits.cpu(), drafter_lens, accept_lens, sampled=sampled.cpu())
             self.calibration.maybe_refit()
             self.policy.observe(StepOutcome(verify_lens=verify_lens, accept_lens=accept_lens,
@@ -508,7 +511,7 @@ class DSparkExtWorker(BaseSpecWorker):
             torch.cuda.synchronize()
         stats.verify_s = time.perf_counter() - t0
         kv = int(committed.sum())
-        if self.plain_gate is not None and not self.costs.profiling:
+        if self.plain_gate is not None and not self.costs.profiling and self.sync.authoritative:
             self.plain_gate.observe_plain(stats.verify_s, float(self.cost_model.predict(bs, bs, kv)))
         accept_lens = torch.zeros(bs, dtype=torch.int64)
         stats.finish(verify_lens, accept_lens, fallback)
