@@ -143,7 +143,8 @@ class Round:
 def run(args: argparse.Namespace) -> dict:
     from ..drafter import DSparkConfig
     from .__main__ import main as train_main
-    from .generate import _load_prompt_rows
+    from .extra_text import write_text_conversations
+    from .generate import DEFAULT_SOURCES, _load_prompt_rows
 
     r = Round(args)
     cfg = DSparkConfig.from_json(args.drafter)
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> dict:
         return r.state["results"]["capture"]["holdout_fraction"]
 
     def data_stage():
-        rows = _load_prompt_rows(["arena-hard-v2", "livecodebench", "lbpp", "swe-bench", "aime24", "aime25"])
+        rows = _load_prompt_rows(DEFAULT_SOURCES)
         per_prompt_s = 2.0 if args.data_mode == "text" else 20.0  # capture vs generate + capture, this CPU
         n = min(len(rows), args.prompts or max(8, int(SHARES["data"] * budget_s / per_prompt_s)))
         start = r.state["cursor"] % len(rows)
@@ -165,11 +166,7 @@ def run(args: argparse.Namespace) -> dict:
                         "--limit", str(len(take)), "--temperature", "0", "--max-new-tokens", "256", "--batch", "32",
                         "--dtype", "float32" if args.dtype == "fp32" else "bfloat16"])
         else:
-            with open(data, "w") as f:
-                for rid, src, text in take:
-                    f.write(json.dumps({"id": f"text-{rid}", "source": src, "messages": [
-                        {"role": "user", "content": "Write out the following text."},
-                        {"role": "assistant", "content": text}]}) + "\n")
+            write_text_conversations(take, data)
         return {"prompts": len(take), "cursor_from": r.state["cursor"], "cursor_to": r.state["cursor"] + len(take)}
 
     def capture_stage():

@@ -31,10 +31,15 @@ def run(args: argparse.Namespace) -> None:
         with open(args.skip_ids_from) as f:
             skip = {json.loads(line)["id"] for line in f if line.strip()}
     rows = [r for r in _load_prompt_rows(args.sources)[args.offset:] if r[0] not in skip][: args.limit]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
+    write_text_conversations(rows, args.out, args.max_chars)
+    print(f"extra-text: {len(rows)} conversations -> {args.out}")
+
+
+def write_text_conversations(rows: list[tuple[str, str, str]], out: str | Path, max_chars: int | None = None) -> None:
+    """(id, source, text) rows as conversations whose assistant turn is the text itself."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
         for rid, src, text in rows:
             f.write(json.dumps({"id": f"text-{rid}", "source": src, "messages": [
                 {"role": "user", "content": "Write out the following text."},
-                {"role": "assistant", "content": text[: args.max_chars]}]}) + "\n")
-    print(f"extra-text: {len(rows)} conversations -> {args.out}")
+                {"role": "assistant", "content": text[:max_chars]}]}) + "\n")
