@@ -22,7 +22,8 @@ from tqdm import tqdm
 from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, load_drafter, sample_anchors, save_drafter
 from .cache import CacheReader
 from .distributed import barrier, init_world, local_device, shutdown, sum_gradients, sum_stats
-from .losses import block_positions, candidate_vocab, dspark_losses, loss_weights, target_block_logits
+from .losses import (block_positions, candidate_vocab, dspark_losses, loss_weights, target_argmax,
+                     target_block_logits)
 from .target_stats import target_probs
 from .target import load_target_shared_weights, read_target_config
 
@@ -113,15 +114,6 @@ def _sampled_targets(sample, model, ids, lm, last, anchors, keep, args, gen):
         raise ValueError(f"sample {sample['id']}: a block reads a position without target statistics; rerun "
                          f"`train targets` (it computes the rows fit can read)")
     return vocab, target_probs(last[0][pos], model.lm_head.weight, lse, vocab)[None]
-
-
-def _target_argmax(sample, tlogits, anchors, block_size: int, seq_len: int, max_length: int) -> torch.Tensor:
-    """The target's greedy token for every block slot [1, N, B]: what the server's verification accepts at T = 0
-    (the capture pass's top-1 when the cache has target statistics)."""
-    if tlogits is not None:
-        return tlogits.argmax(-1)
-    pos = block_positions(anchors[0], block_size, seq_len)
-    return sample["topk_ids"][:max_length, 0].long().to(pos.device)[pos][None]
 
 
 def run_fit(args) -> dict:
@@ -246,7 +238,7 @@ def run_fit(args) -> dict:
                                                 args.vocab_sample_top_k, args.vocab_sample_negatives, gen)
                 logits, conf, labels, emask = model.forward_train(ids, hidden, lm, anchors, keep, vocab)
                 if args.ce_labels == "target":
-                    labels = _target_argmax(s, tlogits, anchors, B, ids.shape[1], args.max_length)
+                    labels = target_argmax(s, tlogits, anchors, B, ids.shape[1], args.max_length)
             loss, stats = dspark_losses(logits, tlogits, conf, labels, emask, args.ce_weight, args.l1_weight,
                                         args.conf_weight if config.enable_confidence_head else 0.0, args.gamma,
                                         denom=denom, vocab=vocab, target_probs=tprobs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..drafter import sample_anchors
-from .losses import block_positions
+from .losses import block_positions, target_argmax
 
 
 def greedy_chain_lengths(draft: torch.Tensor, target_top: torch.Tensor, labels: torch.Tensor,
@@ -41,10 +41,10 @@ def heldout_acceptance(model, cache, indices: list[int], num_anchors: int = 64, 
             continue
         hidden = s["hidden"][:max_length][None].to(device, torch.float32)
         logits, _, labels, emask = model.forward_train(ids, hidden, lm, anchors, keep)
-        pos = block_positions(anchors[0], B, ids.shape[1])
         if "topk_ids" in s and s["topk_ids"] is not None:
-            target_top = s["topk_ids"][:max_length, 0].long().to(device)[pos][None]
+            target_top = target_argmax(s, None, anchors, B, ids.shape[1], max_length)
         else:
+            pos = block_positions(anchors[0], B, ids.shape[1])
             last = s["last_hidden"][:max_length].to(device, model.lm_head.weight.dtype)
             target_top = model.lm_head(last[pos]).argmax(-1)[None]
         chain = greedy_chain_lengths(logits.argmax(-1), target_top, labels, emask)[0][keep[0]]

@@ -36,6 +36,15 @@ def target_block_logits(lm_head, last_hidden: torch.Tensor, anchors: torch.Tenso
         return lm_head(h.to(lm_head.weight.dtype)).float().view(b, anchors.shape[1], block_size, -1)
 
 
+def target_argmax(sample, tlogits, anchors, block_size: int, seq_len: int, max_length: int) -> torch.Tensor:
+    """The target's greedy token for every block slot [1, N, B]: what the server's verification accepts at T = 0
+    (the capture pass's top-1 from the cache's target statistics when `tlogits` is None)."""
+    if tlogits is not None:
+        return tlogits.argmax(-1)
+    pos = block_positions(anchors[0], block_size, seq_len)
+    return sample["topk_ids"][:max_length, 0].long().to(pos.device)[pos][None]
+
+
 def candidate_vocab(target_logits: torch.Tensor | None, labels: torch.Tensor, top_k: int, negatives: int,
                     generator: torch.Generator | None = None, top_ids: torch.Tensor | None = None,
                     vocab_size: int | None = None) -> torch.Tensor:

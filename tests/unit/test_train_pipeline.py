@@ -193,16 +193,16 @@ def test_rows_fit_reads_skips_only_the_middle_of_a_long_prompt():
 
 def test_target_labels_supervise_the_targets_argmax(workdir):
     """--ce-labels target: CE (and the logged top-1) against the target's greedy token, not the text's."""
-    from sglang_dspark.train.fit import _target_argmax
+    from sglang_dspark.train.losses import target_argmax
 
     cache = CacheReader(str(workdir / "cache"))
     s = cache[0]
     anchors = torch.tensor([[0, 3, 5]])
     tlogits = torch.randn(1, 3, 4, 300)
-    assert torch.equal(_target_argmax(s, tlogits, anchors, 4, 20, 96), tlogits.argmax(-1))
+    assert torch.equal(target_argmax(s, tlogits, anchors, 4, 20, 96), tlogits.argmax(-1))
     s = dict(s, topk_ids=torch.arange(40)[:, None].repeat(1, 3) * 7)  # top-1 at position p is 7p
     want = (anchors[0][:, None] + torch.arange(4)) * 7
-    assert torch.equal(_target_argmax(s, None, anchors, 4, 40, 96)[0], want)
+    assert torch.equal(target_argmax(s, None, anchors, 4, 40, 96)[0], want)
     run = workdir / "run_target_labels"
     res = main(["fit", "--cache", str(workdir / "cache"), "--out", str(run), "--steps", "3", "--ce-labels", "target",
                 *FIT])
