@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from sglang_dspark.bench.server import free_port
 
 CPU_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",  # sglang's own switch for the CPU platform
@@ -29,12 +30,6 @@ CPU_ENV = {
 }
 # Flags every CPU test server needs; callers add the model and backend.
 CPU_ARGS = ["--device", "cpu", "--max-total-tokens", "8192", "--skip-server-warmup", "--host", "127.0.0.1"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SGLangServer:

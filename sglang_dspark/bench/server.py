@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,8 +13,39 @@ import urllib.request
 from pathlib import Path
 
 
+# Below SGLang's own pick for ports a child binds later (22000-29999) and below the kernel's ephemeral range: a port
+# from bind(0) is an ephemeral one, and a client polling /health from an ephemeral port can land on it (a TCP
+# self-connect), after which the server's bind fails and uvicorn exits with 3 (seen once in CI).
+PORT_RANGE = (12000, 21999)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free TCP port that no outgoing connection on this host can be handed."""
+    low, high = PORT_RANGE[0], min(PORT_RANGE[1], _ephemeral_low() - 1)
+    candidates = list(range(low, high + 1))
+    random.shuffle(candidates)
+    for port in candidates[:256]:
+        if _bindable(port):
+            return port
+    with socket.socket() as s:  # a host whose whole low range is taken: an ephemeral port beats none
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

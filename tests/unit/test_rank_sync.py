@@ -2,22 +2,16 @@
 broadcasts do not hang."""
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sglang_dspark.bench.server import free_port
 from sglang_dspark.control import BatchContext, EngineCostModel, make_policy
 from sglang_dspark.sglang_plugin.rank_sync import RankSync
 
 STEPS, R, G = 40, 6, 7
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, out_dir: str) -> None:
@@ -49,7 +43,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_perturbed_ranks_agree_on_rank0s_verify_lengths(tmp_path):
-    mp.start_processes(_rank, args=(_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     r0, r1 = (torch.load(tmp_path / f"rank{i}.pt") for i in (0, 1))
     assert any(not torch.equal(a, b) for a, b in zip(r0["local"], r1["local"])), "the perturbation changed nothing"
     for step, ((p0, l0, d0), (p1, l1, d1)) in enumerate(zip(r0["agreed"], r1["agreed"])):
