@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--mask-token-id", type=int, default=None)
     f.add_argument("--num-anchors", type=int, default=512)
     f.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    f.add_argument("--max-minutes", type=float, default=0.0,
+                   help="stop (with a checkpoint) after this many minutes of this process, even before --steps; "
+                        "0 = no limit")
     f.add_argument("--batch", type=int, default=8, help="sequences per optimizer step (accumulated)")
     f.add_argument("--lr", type=float, default=6e-4)
     f.add_argument("--warmup-ratio", type=float, default=0.04)

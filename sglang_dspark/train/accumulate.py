@@ -29,7 +29,9 @@ from ..bench.machine import describe_machine
 
 SHARES = {"data": 0.30, "fit": 0.45}  # of the budget; capture statistics, calibration and eval take the rest
 ECE_LIMIT = 0.03
-DEFAULT_STEP_SECONDS = 3.0  # one 2-sequence, 128-anchor step on one 2-core CPU (2026-11-30)
+DEFAULT_STEP_SECONDS = 4.0  # one 2-sequence, 128-anchor step on a 2-core EPYC Zen 3 (2026-12-02)
+# capture + target statistics per prompt of dataset text (~360 tokens at 55-100 tok/s), and generation on top
+DEFAULT_PROMPT_SECONDS = {"text": 5.0, "generate": 40.0}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -109,6 +111,13 @@ def step_seconds(curve: list[dict]) -> float:
     return rates[-1] if rates else DEFAULT_STEP_SECONDS
 
 
+def prompt_seconds(curve: list[dict], mode: str) -> float:
+    """Data + capture seconds per prompt, as the last round of this data mode measured them."""
+    rates = [r["data_seconds"] / r["prompts"] for r in curve
+             if r.get("data_mode") == mode and r.get("prompts") and r.get("data_seconds")]
+    return rates[-1] if rates else DEFAULT_PROMPT_SECONDS[mode]
+
+
 class Round:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -157,7 +166,7 @@ def run(args: argparse.Namespace) -> dict:
 
     def data_stage():
         rows = _load_prompt_rows(DEFAULT_SOURCES)
-        per_prompt_s = 2.0 if args.data_mode == "text" else 20.0  # capture vs generate + capture, this CPU
+        per_prompt_s = prompt_seconds(read_curve(args.drafter), args.data_mode)
         n = min(len(rows), args.prompts or max(8, int(SHARES["data"] * budget_s / per_prompt_s)))
         start = r.state["cursor"] % len(rows)
         take = rows[start: start + n]  # the last round before the wrap takes what is left
@@ -178,8 +187,13 @@ def run(args: argparse.Namespace) -> dict:
 
     def fit_stage():
         curve = read_curve(args.drafter)
-        fit_s = max(60.0, min(SHARES["fit"] * budget_s, r.left_s() - 0.25 * budget_s))
-        steps = max(10, int(fit_s / step_seconds(curve)))
+        if "fit_steps_planned" not in r.state:  # a resumed fit keeps the schedule it started with
+            fit_s = max(60.0, min(SHARES["fit"] * budget_s, r.left_s() - 0.25 * budget_s))
+            r.state["fit_steps_planned"] = max(10, int(fit_s / step_seconds(curve)))
+            r.save()
+        steps = r.state["fit_steps_planned"]
+        # a slower step than the last round's stops the fit (checkpointed) before it eats the eval's share
+        max_min = max(1.0, (r.left_s() - 0.2 * budget_s) / 60)
         t0 = time.time()
         res = train_main(["fit", "--cache", str(cache), "--out", str(r.work / "fit"), "--init-from", args.drafter,
                     "--steps", str(steps), "--batch", "2", "--num-anchors", str(cfg.num_anchors),
@@ -187,7 +201,7 @@ def run(args: argparse.Namespace) -> dict:
                     "--ce-labels", "target", "--vocab-sample-top-k", "32", "--vocab-sample-negatives", "4096",
                     "--holdout-fraction", str(holdout()), "--save-every", "50", "--keep-checkpoints", "1",
                     "--no-save-shared", "--save-dtype", "bf16", "--eval-every", "100", "--eval-samples", "8",
-                    *args.fit_args.split()])
+                    "--max-minutes", f"{max_min:.1f}", *args.fit_args.split()])
         return {"fit_steps": res["final_step"], "fit_seconds": time.time() - t0}
 
     def calibrate_stage():
@@ -205,17 +219,34 @@ def run(args: argparse.Namespace) -> dict:
                         "--holdout-fraction", str(holdout())])
         return {"candidate": str(cand)}
 
-    def eval_stage():
+    def evaluate(drafter: str, name: str) -> dict:
         from ..eval_acceptance import main as eval_main
 
-        rep = eval_main(["--target", args.target, "--drafter", str(r.work / "candidate"), "--limit",
+        rep = eval_main(["--target", args.target, "--drafter", drafter, "--limit",
                          str(args.eval_limit), "--max-new-tokens", str(args.eval_tokens), "--temperature", "0",
-                         "--dtype", args.dtype, "--json", str(r.work / "eval_T0.json")])
+                         "--dtype", args.dtype, "--json", str(r.work / f"{name}_T0.json")])
         return {"tau": rep["tau"], "tau_by_dataset": rep["tau_by_dataset"], "ece_sts": rep.get("ece_sts"),
                 "worst_ece": worst_position_ece(rep)}
 
+    def baseline_stage():
+        """The first round measures the drafter in place on the same prompts, so the first candidate must beat it."""
+        if shipped_tau(read_curve(args.drafter)) is not None:
+            return {"skipped": True}
+        return evaluate(args.drafter, "baseline")
+
+    def eval_stage():
+        return evaluate(str(r.work / "candidate"), "eval")
+
     def ship_stage():
         res = r.state["results"]
+        tdir = training_dir(args.drafter)
+        tdir.mkdir(parents=True, exist_ok=True)
+        base = {k: v for k, v in res["baseline"].items() if k != "seconds"}
+        if not base.get("skipped"):
+            with open(tdir / "curve.jsonl", "a") as f:  # blocks and CPU-hours count from the first round on
+                f.write(json.dumps({"date": date.today().isoformat(), "cpu": describe_machine(), "baseline": True,
+                                    "blocks": 0, "cpu_hours": 0.0, **base, "shipped": True,
+                                    "why": "the drafter in place when accumulated rounds began"}) + "\n")
         curve = read_curve(args.drafter)
         ok, why = should_ship(res["eval"]["tau"], res["eval"]["worst_ece"], curve)
         ok = ok and not args.no_ship
@@ -225,23 +256,23 @@ def run(args: argparse.Namespace) -> dict:
         spent_h = (time.time() - r.state["started"]) * (os.cpu_count() or 1) / 3600
         row = {"date": date.today().isoformat(), "cpu": describe_machine(), "data_mode": args.data_mode,
                "cursor": res["data"]["cursor_to"], "blocks": prev["blocks"] + blocks,
-               "cpu_hours": round(prev["cpu_hours"] + spent_h, 3), "tau": res["eval"]["tau"],
+               "cpu_hours": round(prev["cpu_hours"] + spent_h, 5), "tau": res["eval"]["tau"],
                "tau_by_dataset": res["eval"]["tau_by_dataset"], "worst_ece": res["eval"]["worst_ece"],
                "fit_steps": res["fit"]["fit_steps"], "fit_seconds": res["fit"]["fit_seconds"],
+               "prompts": res["data"]["prompts"],
+               "data_seconds": round(res["data"]["seconds"] + res["capture"]["seconds"], 1),
                "shipped": ok, "why": why}
         if ok:
             cand = Path(res["calibrate"]["candidate"])
             for name in ("config.json", "model.safetensors", "sts.json"):
                 shutil.copy(cand / name, Path(args.drafter) / name)
-        tdir = training_dir(args.drafter)
-        tdir.mkdir(parents=True, exist_ok=True)
         with open(tdir / "curve.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
         (tdir / "cursor.json").write_text(json.dumps({"next": res["data"]["cursor_to"]}) + "\n")
         print(f"[continue] {'shipped' if ok else 'not shipped'}: {why}")
         return row
 
-    for name, fn in (("data", data_stage), ("capture", capture_stage), ("fit", fit_stage),
+    for name, fn in (("baseline", baseline_stage), ("data", data_stage), ("capture", capture_stage), ("fit", fit_stage),
                      ("calibrate", calibrate_stage), ("eval", eval_stage), ("ship", ship_stage)):
         r.stage(name, fn)
     result = {k: v for k, v in r.state["results"]["ship"].items() if k != "seconds"}

@@ -71,6 +71,16 @@ def sum_stats(stats: dict[str, float], world: World, device: torch.device) -> di
     return dict(zip(keys, t.tolist()))
 
 
+def agree_any(flag: bool, world: World) -> bool:
+    """True on every rank when it is true on any (each rank's own clock must not split the loop)."""
+    if world.size == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64,
+                     device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def barrier(world: World) -> None:
     if world.size > 1:
         dist.barrier()

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, load_drafter, sample_anchors, save_drafter
 from .cache import CacheReader
-from .distributed import barrier, init_world, local_device, shutdown, sum_gradients, sum_stats
+from .distributed import agree_any, barrier, init_world, local_device, shutdown, sum_gradients, sum_stats
 from .losses import (block_positions, candidate_vocab, dspark_losses, loss_weights, target_argmax,
                      target_block_logits)
 from .target_stats import target_probs
@@ -264,9 +264,14 @@ def run_fit(args) -> dict:
         if world.main and ((step + 1) % args.log_every == 0 or step + 1 == args.steps or evaluated):
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+        final_step = step + 1
+        out_of_time = bool(args.max_minutes) and agree_any(time.time() - t_start > args.max_minutes * 60, world)
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps or out_of_time:
             if world.main:
                 save_checkpoint(args.out, step + 1, model, optimizer, scheduler, args)
             barrier(world)
+        if out_of_time:
+            print(f"[fit] --max-minutes {args.max_minutes} reached at step {step + 1} of {args.steps}")
+            break
     shutdown(world)
-    return {"history": history, "out": args.out, "final_step": args.steps}
+    return {"history": history, "out": args.out, "final_step": final_step}

@@ -51,9 +51,23 @@ def test_two_rounds_accumulate_on_fresh_prompts(tiny, monkeypatch):
     assert first["cursor"] == 6 and first["blocks"] > 0 and first["tau"] >= 1.0 and first["cpu_hours"] > 0
     second = main(args)
     curve = accumulate.read_curve(str(drafter))
-    assert [r["cursor"] for r in curve] == [6, 12]
-    assert curve[1]["blocks"] > curve[0]["blocks"] and curve[1]["cpu_hours"] > curve[0]["cpu_hours"]
-    assert second == curve[1]
+    # the first round measured the drafter it started from; the second had that row to beat and measured nothing
+    assert curve[0]["baseline"] and curve[0]["shipped"] and curve[0]["tau"] >= 1.0 and "cursor" not in curve[0]
+    assert [r.get("cursor") for r in curve] == [None, 6, 12]
+    assert curve[2]["blocks"] > curve[1]["blocks"] and curve[2]["cpu_hours"] > curve[1]["cpu_hours"]
+    assert curve[1]["prompts"] == 6 and curve[1]["data_seconds"] > 0
+    assert accumulate.prompt_seconds(curve, "text") == pytest.approx(curve[2]["data_seconds"] / 6)
+    assert accumulate.prompt_seconds(curve, "generate") == accumulate.DEFAULT_PROMPT_SECONDS["generate"]
+    assert second == curve[2]
+
+
+def test_fit_stops_at_max_minutes_with_a_checkpoint(tiny):
+    root, drafter = tiny
+    out = main(["fit", "--cache", str(root / "cache"), "--out", str(root / "timed"), "--init-from", str(drafter),
+                "--steps", "50", "--batch", "1", "--num-anchors", "8", "--max-length", "96", "--save-every", "100",
+                "--holdout-fraction", "0.25", "--no-save-shared", "--max-minutes", "0.00001"])
+    assert out["final_step"] == 1
+    assert (root / "timed" / "step_1").is_dir()
 
 
 def test_an_interrupted_round_resumes_at_its_stage(tiny, monkeypatch):
@@ -75,6 +89,7 @@ def test_an_interrupted_round_resumes_at_its_stage(tiny, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         main(args)
     state = json.loads((root / "work2" / "state.json").read_text())
-    assert state["done"] == ["data", "capture"]
+    assert state["done"] == ["baseline", "data", "capture"]
+    assert state["results"]["baseline"]["skipped"]  # the curve already holds a shipped row
     out = main(args)
     assert out["shipped"] is False
