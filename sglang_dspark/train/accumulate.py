@@ -12,6 +12,9 @@ next to it do: `training/cursor.json` (how far into the interleaved training pro
   eval      `eval_acceptance` (T = 0, gamma = the block size) on the eval prompt sets, the same prompts every round
   ship      only if its tau beats the shipped drafter's last recorded tau and the worst position's ECE stays <= 3%
 
+Taus are compared only between rows measured the same way (dtype, prompts per dataset, tokens: the row's "eval"):
+when the curve holds no shipped row with this round's settings, the baseline stage measures the drafter in place.
+
 Every stage records its completion in <work>/state.json, so an interrupted round resumes at the stage it was in.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import time
@@ -28,6 +32,8 @@ from pathlib import Path
 from ..bench.machine import describe_machine
 
 SHARES = {"data": 0.30, "fit": 0.45}  # of the budget; capture statistics, calibration and eval take the rest
+FIT_BATCH = 2  # sequences per optimizer step
+MAX_EPOCHS = 4  # passes over a round's fresh samples; more fits the round's few hundred samples, not the target
 ECE_LIMIT = 0.03
 DEFAULT_STEP_SECONDS = 4.0  # one 2-sequence, 128-anchor step on a 2-core EPYC Zen 3 (2026-12-02)
 # capture + target statistics per prompt of dataset text (~360 tokens at 55-100 tok/s), and generation on top
@@ -47,9 +53,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--fit-args", default="", help="extra `train fit` flags, e.g. '--lr 3e-4'")
     p.add_argument("--no-ship", action="store_true", help="evaluate and record, never replace the drafter")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
-                   help="target dtype for capture and eval (fp32 is ~4x faster than bf16 on CPUs without "
-                        "AVX512-BF16)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="target dtype for data, capture and eval. auto: bf16 on CUDA and on CPUs with a native bf16 "
+                        "dot product (AMX: capture 3.5x faster than fp32), fp32 elsewhere (~4x faster than bf16 "
+                        "on AVX2-only CPUs)")
+    p.add_argument("--max-epochs", type=float, default=MAX_EPOCHS,
+                   help="cap on the fit's passes over the round's training samples")
 
 
 def training_dir(drafter: str) -> Path:
@@ -66,13 +75,29 @@ def read_curve(drafter: str) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def shipped_tau(curve: list[dict]) -> float | None:
-    shipped = [r for r in curve if r.get("shipped")]
+def resolve_dtype(dtype: str) -> str:
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    from .fit import use_autocast
+
+    return "bf16" if use_autocast("auto", "cuda" if torch.cuda.is_available() else "cpu") else "fp32"
+
+
+def eval_settings(args: argparse.Namespace) -> dict:
+    return {"dtype": resolve_dtype(args.dtype), "limit": args.eval_limit, "tokens": args.eval_tokens}
+
+
+def shipped_tau(curve: list[dict], settings: dict | None = None) -> float | None:
+    """The last shipped row's tau; with `settings`, of the last shipped row measured with those settings."""
+    shipped = [r for r in curve if r.get("shipped") and (settings is None or r.get("eval") == settings)]
     return shipped[-1]["tau"] if shipped else None
 
 
-def should_ship(tau: float, worst_ece: float | None, curve: list[dict]) -> tuple[bool, str]:
-    best = shipped_tau(curve)
+def should_ship(tau: float, worst_ece: float | None, curve: list[dict],
+                settings: dict | None = None) -> tuple[bool, str]:
+    best = shipped_tau(curve, settings)
     if worst_ece is None or worst_ece > ECE_LIMIT:
         return False, f"worst position ECE {worst_ece} above {ECE_LIMIT}"
     if best is not None and tau <= best:
@@ -156,6 +181,11 @@ def run(args: argparse.Namespace) -> dict:
     from .generate import DEFAULT_SOURCES, _load_prompt_rows
 
     r = Round(args)
+    if "eval" not in r.state:  # the round keeps the settings it started with
+        r.state["eval"] = eval_settings(args)
+        r.save()
+    settings = r.state["eval"]
+    dtype = settings["dtype"]
     cfg = DSparkConfig.from_json(args.drafter)
     data = r.work / "data.jsonl"
     cache = r.work / "cache"
@@ -173,7 +203,7 @@ def run(args: argparse.Namespace) -> dict:
         if args.data_mode == "generate":
             train_main(["generate", "--target", args.target, "--out", str(data), "--offset", str(start),
                         "--limit", str(len(take)), "--temperature", "0", "--max-new-tokens", "256", "--batch", "32",
-                        "--dtype", "float32" if args.dtype == "fp32" else "bfloat16"])
+                        "--dtype", "float32" if dtype == "fp32" else "bfloat16"])
         else:
             write_text_conversations(take, data)
         return {"prompts": len(take), "cursor_from": r.state["cursor"], "cursor_to": r.state["cursor"] + len(take)}
@@ -181,7 +211,7 @@ def run(args: argparse.Namespace) -> dict:
     def capture_stage():
         train_main(["capture", "--target", args.target, "--data", str(data), "--out", str(cache),
                     "--target-layer-ids", ",".join(map(str, cfg.target_layer_ids)), "--max-length", "1024",
-                    "--system-prompt", "", "--dtype", args.dtype])
+                    "--system-prompt", "", "--dtype", dtype])
         train_main(["targets", "--cache", str(cache), "--top-k", "64"])
         return {"holdout_fraction": holdout_fraction_for(str(cache))}
 
@@ -189,14 +219,18 @@ def run(args: argparse.Namespace) -> dict:
         curve = read_curve(args.drafter)
         if "fit_steps_planned" not in r.state:  # a resumed fit keeps the schedule it started with
             fit_s = max(60.0, min(SHARES["fit"] * budget_s, r.left_s() - 0.25 * budget_s))
-            r.state["fit_steps_planned"] = max(10, int(fit_s / step_seconds(curve)))
+            from .cache import CacheReader
+
+            n_train = len(CacheReader(str(cache)).split(holdout())[0])
+            r.state["fit_steps_planned"] = max(10, min(int(fit_s / step_seconds(curve)),
+                                                       math.ceil(args.max_epochs * n_train / FIT_BATCH)))
             r.save()
         steps = r.state["fit_steps_planned"]
         # a slower step than the last round's stops the fit (checkpointed) before it eats the eval's share
         max_min = max(1.0, (r.left_s() - 0.2 * budget_s) / 60)
         t0 = time.time()
         res = train_main(["fit", "--cache", str(cache), "--out", str(r.work / "fit"), "--init-from", args.drafter,
-                    "--steps", str(steps), "--batch", "2", "--num-anchors", str(cfg.num_anchors),
+                    "--steps", str(steps), "--batch", str(FIT_BATCH), "--num-anchors", str(cfg.num_anchors),
                     "--lr", "3e-4", "--warmup-ratio", "0.02", "--ce-weight", "1.0", "--l1-weight", "0.1",
                     "--ce-labels", "target", "--vocab-sample-top-k", "32", "--vocab-sample-negatives", "4096",
                     "--holdout-fraction", str(holdout()), "--save-every", "50", "--keep-checkpoints", "1",
@@ -224,13 +258,13 @@ def run(args: argparse.Namespace) -> dict:
 
         rep = eval_main(["--target", args.target, "--drafter", drafter, "--limit",
                          str(args.eval_limit), "--max-new-tokens", str(args.eval_tokens), "--temperature", "0",
-                         "--dtype", args.dtype, "--json", str(r.work / f"{name}_T0.json")])
+                         "--dtype", dtype, "--json", str(r.work / f"{name}_T0.json")])
         return {"tau": rep["tau"], "tau_by_dataset": rep["tau_by_dataset"], "ece_sts": rep.get("ece_sts"),
                 "worst_ece": worst_position_ece(rep)}
 
     def baseline_stage():
         """The first round measures the drafter in place on the same prompts, so the first candidate must beat it."""
-        if shipped_tau(read_curve(args.drafter)) is not None:
+        if shipped_tau(read_curve(args.drafter), settings) is not None:
             return {"skipped": True}
         return evaluate(args.drafter, "baseline")
 
@@ -243,12 +277,16 @@ def run(args: argparse.Namespace) -> dict:
         tdir.mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in res["baseline"].items() if k != "seconds"}
         if not base.get("skipped"):
+            prior = read_curve(args.drafter)
+            before = prior[-1] if prior else {"blocks": 0, "cpu_hours": 0.0}
             with open(tdir / "curve.jsonl", "a") as f:  # blocks and CPU-hours count from the first round on
                 f.write(json.dumps({"date": date.today().isoformat(), "cpu": describe_machine(), "baseline": True,
-                                    "blocks": 0, "cpu_hours": 0.0, **base, "shipped": True,
-                                    "why": "the drafter in place when accumulated rounds began"}) + "\n")
+                                    "blocks": before["blocks"], "cpu_hours": before["cpu_hours"], **base,
+                                    "eval": settings, "shipped": True,
+                                    "why": "the drafter in place, measured with this round's eval settings"
+                                    if prior else "the drafter in place when accumulated rounds began"}) + "\n")
         curve = read_curve(args.drafter)
-        ok, why = should_ship(res["eval"]["tau"], res["eval"]["worst_ece"], curve)
+        ok, why = should_ship(res["eval"]["tau"], res["eval"]["worst_ece"], curve, settings)
         ok = ok and not args.no_ship
         prev = curve[-1] if curve else {"blocks": 0, "cpu_hours": 0.0}
         fit_log = [json.loads(x) for x in (r.work / "fit" / "train_log.jsonl").read_text().splitlines() if x]
@@ -258,6 +296,7 @@ def run(args: argparse.Namespace) -> dict:
                "cursor": res["data"]["cursor_to"], "blocks": prev["blocks"] + blocks,
                "cpu_hours": round(prev["cpu_hours"] + spent_h, 5), "tau": res["eval"]["tau"],
                "tau_by_dataset": res["eval"]["tau_by_dataset"], "worst_ece": res["eval"]["worst_ece"],
+               "eval": settings,
                "fit_steps": res["fit"]["fit_steps"], "fit_seconds": res["fit"]["fit_seconds"],
                "prompts": res["data"]["prompts"],
                "data_seconds": round(res["data"]["seconds"] + res["capture"]["seconds"], 1),

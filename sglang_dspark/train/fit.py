@@ -48,6 +48,20 @@ def lr_lambda_for(total_steps: int, warmup_steps: int):
     return f
 
 
+def use_autocast(mode: str, device_type: str, cpu_flags: list[str] | None = None) -> bool:
+    """bf16 autocast pays on CUDA and on CPUs whose bf16 dot products are native; elsewhere the CPU upcasts every
+    bf16 GEMM and autocast only adds conversions."""
+    if mode != "auto":
+        return mode == "bf16"
+    if device_type == "cuda":
+        return True
+    if cpu_flags is None:
+        from ..bench.machine import cpu_model_and_flags
+
+        cpu_flags = cpu_model_and_flags()[1]
+    return any(f in cpu_flags for f in ("avx512_bf16", "amx_bf16"))
+
+
 def latest_checkpoint(out: str) -> str | None:
     p = os.path.join(out, "latest")
     if not os.path.exists(p):
@@ -181,7 +195,8 @@ def run_fit(args) -> dict:
     print(f"[fit] target distributions: {'precomputed statistics' if use_stats else 'lm_head every step'}")
     order = DataOrder(train_idx, args.seed)
     B = config.block_size
-    amp = device.type == "cuda" and args.amp == "bf16"
+    amp = use_autocast(args.amp, device.type)
+    print(f"[fit] bf16 autocast {'on' if amp else 'off'} (--amp {args.amp})")
     log_path = os.path.join(args.out, "train_log.jsonl")
     history = []
     eval_every = args.eval_every

@@ -20,6 +20,27 @@ def test_ship_only_a_better_calibrated_drafter():
     assert accumulate.should_ship(1.1, 0.01, [])[0]
 
 
+def test_taus_are_compared_only_between_rows_measured_the_same_way():
+    fp32 = {"dtype": "fp32", "limit": 10, "tokens": 64}
+    bf16 = {"dtype": "bf16", "limit": 20, "tokens": 64}
+    curve = [{"tau": 1.4, "shipped": True, "eval": fp32}, {"tau": 1.3, "shipped": True, "eval": bf16},
+             {"tau": 1.5, "shipped": False, "eval": bf16}]
+    assert accumulate.shipped_tau(curve, fp32) == 1.4 and accumulate.shipped_tau(curve, bf16) == 1.3
+    assert accumulate.shipped_tau(curve, {**bf16, "limit": 5}) is None
+    assert accumulate.should_ship(1.35, 0.01, curve, bf16)[0]
+    assert not accumulate.should_ship(1.35, 0.01, curve, fp32)[0]
+
+
+def test_autocast_only_where_bf16_is_native():
+    from sglang_dspark.train.fit import use_autocast
+
+    assert use_autocast("auto", "cpu", ["avx2", "avx512f", "amx_bf16"])
+    assert use_autocast("auto", "cpu", ["avx2", "avx512_bf16"])
+    assert not use_autocast("auto", "cpu", ["avx2"])
+    assert use_autocast("auto", "cuda", [])
+    assert use_autocast("bf16", "cpu", ["avx2"]) and not use_autocast("none", "cuda", [])
+
+
 def test_worst_position_ece_forgives_positions_at_their_noise_floor():
     rep = {"ece_sts_by_position": [0.01, 0.05, 0.2, None], "ece_sts_floor_by_position": [0.02, 0.03, 0.25, None]}
     assert accumulate.worst_position_ece(rep) == pytest.approx(0.05)
@@ -45,11 +66,11 @@ def test_two_rounds_accumulate_on_fresh_prompts(tiny, monkeypatch):
     args = ["continue", "--budget-min", "1", "--drafter", str(drafter), "--target", str(root / "t"), "--work",
             str(root / "work"), "--prompts", "6", "--eval-limit", "2", "--eval-tokens", "6",
             "--fit-args", "--max-length 96 --eval-every 0 --num-anchors 8 --steps 3"]
-    first = main(args)
+    first = main(args + ["--dtype", "fp32"])
     assert not (root / "work").exists()
     assert json.loads((drafter / "training" / "cursor.json").read_text()) == {"next": 6}
     assert first["cursor"] == 6 and first["blocks"] > 0 and first["tau"] >= 1.0 and first["cpu_hours"] > 0
-    second = main(args)
+    second = main(args + ["--dtype", "fp32"])
     curve = accumulate.read_curve(str(drafter))
     # the first round measured the drafter it started from; the second had that row to beat and measured nothing
     assert curve[0]["baseline"] and curve[0]["shipped"] and curve[0]["tau"] >= 1.0 and "cursor" not in curve[0]
@@ -59,6 +80,12 @@ def test_two_rounds_accumulate_on_fresh_prompts(tiny, monkeypatch):
     assert accumulate.prompt_seconds(curve, "text") == pytest.approx(curve[2]["data_seconds"] / 6)
     assert accumulate.prompt_seconds(curve, "generate") == accumulate.DEFAULT_PROMPT_SECONDS["generate"]
     assert second == curve[2]
+    assert {r["eval"]["dtype"] for r in curve} == {"fp32"}
+    # other eval settings have no row to beat: the drafter in place is measured again, and blocks keep counting
+    third = main(args + ["--dtype", "bf16"])
+    curve = accumulate.read_curve(str(drafter))
+    assert curve[3]["baseline"] and curve[3]["eval"]["dtype"] == "bf16" and curve[3]["blocks"] == curve[2]["blocks"]
+    assert third == curve[4] and third["eval"]["dtype"] == "bf16"
 
 
 def test_fit_stops_at_max_minutes_with_a_checkpoint(tiny):
@@ -86,10 +113,15 @@ def test_an_interrupted_round_resumes_at_its_stage(tiny, monkeypatch):
     args = ["continue", "--budget-min", "1", "--drafter", str(drafter), "--target", str(root / "t"), "--work",
             str(root / "work2"), "--prompts", "4", "--eval-limit", "1", "--eval-tokens", "4", "--no-ship",
             "--fit-args", "--max-length 96 --eval-every 0 --num-anchors 8 --steps 3"]
+    settings = {"dtype": accumulate.resolve_dtype("auto"), "limit": 1, "tokens": 4}
+    tdir = accumulate.training_dir(str(drafter))
+    tdir.mkdir(exist_ok=True)
+    with open(tdir / "curve.jsonl", "a") as f:  # a shipped row measured as this round measures
+        f.write(json.dumps({"tau": 1.0, "blocks": 0, "cpu_hours": 0.0, "shipped": True, "eval": settings}) + "\n")
     with pytest.raises(KeyboardInterrupt):
         main(args)
     state = json.loads((root / "work2" / "state.json").read_text())
-    assert state["done"] == ["baseline", "data", "capture"]
+    assert state["done"] == ["baseline", "data", "capture"] and state["eval"] == settings
     assert state["results"]["baseline"]["skipped"]  # the curve already holds a shipped row
     out = main(args)
     assert out["shipped"] is False
