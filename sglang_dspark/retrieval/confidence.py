@@ -1,6 +1,10 @@
 """Calibrated confidence for retrieval drafts: P(draft k accepted | drafts < k accepted, source, match-length
-bucket, count bucket), the same conditional quantity the drafter's confidence head predicts, so the controller can
-compare and schedule both kinds of proposal with one survival curve (the cumulative product).
+bucket, count bucket, the request's history), the same conditional quantity the drafter's confidence head predicts,
+so the controller can compare and schedule both kinds of proposal with one survival curve (the cumulative product).
+
+The history is how the request's last verified chain of the same source ended (none yet, first draft rejected,
+partly accepted, all accepted): whether a request copies is mostly a property of the request (an edit copies its
+prompt, a chat answer rarely does), which match length and count alone cannot tell apart.
 
 Each cell is a Beta posterior per draft position: a prior (fitted offline from greedy target outputs, fit_table, or
 the built-in one) refined online by every verify outcome. Served predictions are scored before they are refined:
@@ -23,7 +27,16 @@ ECE_BINS = 20
 ECE_WINDOW = 1024  # served predictions per position the reported ECE is over: the current calibration, not the cold start
 CELL_MEMORY = 512.0  # outcomes a cell keeps per position: older ones fade, so a cell follows a changing request mix
 FILE_NAME = "retrieval_confidence.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a history axis; version 1 files (no history) load as the same prior for every history
+HISTORY_NONE, HISTORY_REJECTED, HISTORY_PARTIAL, HISTORY_FULL = range(4)
+HISTORY_STATES = 4
+
+
+def history_state(verified: int, accepted: int) -> int:
+    """How a verified chain ended, as the history its request's next chain of that source is looked up under."""
+    if accepted <= 0:
+        return HISTORY_REJECTED
+    return HISTORY_FULL if accepted >= verified else HISTORY_PARTIAL
 
 
 def _bucket(value: int, edges) -> int:
@@ -43,11 +56,11 @@ class RetrievalConfidence:
     def __init__(self, gamma: int, sources=("prompt", "corpus"), prior: dict | None = None):
         self.gamma = gamma
         self.sources = tuple(sources)
-        shape = (len(MATCH_LEN_EDGES), len(COUNT_EDGES), gamma, 2)
+        shape = (len(MATCH_LEN_EDGES), len(COUNT_EDGES), HISTORY_STATES, gamma, 2)
         self.table = {s: np.zeros(shape) for s in self.sources}
         for s in self.sources:
             for m in range(shape[0]):
-                self.table[s][m, :] = builtin_prior(s, m, gamma)
+                self.table[s][m, :, :] = builtin_prior(s, m, gamma)
         if prior is not None:
             self.load_prior(prior)
         # per source: [gamma, bins] sums of predicted survival, of realised labels, and counts (binned ECE)
@@ -60,21 +73,21 @@ class RetrievalConfidence:
     def cell(self, source: str, match_len: int, count: int) -> tuple[int, int]:
         return _bucket(match_len, MATCH_LEN_EDGES), _bucket(count, COUNT_EDGES)
 
-    def probs(self, source: str, match_len: int, count: int, n: int) -> np.ndarray:
+    def probs(self, source: str, match_len: int, count: int, n: int, history: int = HISTORY_NONE) -> np.ndarray:
         """Float[n] conditional acceptance probability of the chain's first n positions (n <= gamma)."""
         m, c = self.cell(source, match_len, count)
-        ab = self.table[source][m, c, :n]
+        ab = self.table[source][m, c, history, :n]
         return ab[:, 0] / ab.sum(1)
 
-    def observations(self, source: str, match_len: int, count: int) -> int:
+    def observations(self, source: str, match_len: int, count: int, history: int = HISTORY_NONE) -> int:
         """Outcomes behind the cell's first position beyond the built-in prior's pseudo-counts: online verify
         outcomes, plus those of a fitted prior (fit_table's counts are real evidence, so its cells start explored)."""
         m, c = self.cell(source, match_len, count)
-        return max(0, int(round(float(self.table[source][m, c, 0].sum()) - PRIOR_STRENGTH)))
+        return max(0, int(round(float(self.table[source][m, c, history, 0].sum()) - PRIOR_STRENGTH)))
 
     # ------------------------------------------------------------------ learning
     def observe(self, source: str, match_len: int, count: int, predicted: np.ndarray, verified: int,
-                accepted: int) -> None:
+                accepted: int, history: int = HISTORY_NONE) -> None:
         """One verify outcome of a chain: `verified` drafts checked, the first `accepted` of them accepted.
         predicted: the conditional probabilities served for it (scored for ECE before the cell is refined)."""
         if verified <= 0:
@@ -91,7 +104,7 @@ class RetrievalConfidence:
         ring[0, k, slot], ring[1, k, slot] = survival, (k < accepted)
         nxt[k] += 1
         m, c = self.cell(source, match_len, count)
-        cell = self.table[source][m, c]
+        cell = self.table[source][m, c, history]
         hits = min(accepted, verified)
         cell[:hits, 0] += 1.0
         if accepted < verified:  # position `accepted` was the first rejected one; later ones were never reached
@@ -128,11 +141,16 @@ class RetrievalConfidence:
     # ------------------------------------------------------------------ persistence
     def to_json(self) -> dict:
         return {"version": FORMAT_VERSION, "gamma": self.gamma, "match_len_edges": list(MATCH_LEN_EDGES),
-                "count_edges": list(COUNT_EDGES), "table": {s: t.tolist() for s, t in self.table.items()}}
+                "count_edges": list(COUNT_EDGES), "history_states": HISTORY_STATES,
+                "table": {s: t.tolist() for s, t in self.table.items()}}
 
     def load_prior(self, data: dict) -> None:
-        if data.get("version") != FORMAT_VERSION:
-            raise ValueError(f"retrieval confidence: unsupported version {data.get('version')!r}")
+        version = data.get("version")
+        if version not in (1, FORMAT_VERSION):
+            raise ValueError(f"retrieval confidence: unsupported version {version!r}")
+        if version == FORMAT_VERSION and data.get("history_states") != HISTORY_STATES:
+            raise ValueError(f"retrieval confidence: {data.get('history_states')!r} history states, this version "
+                             f"has {HISTORY_STATES}")
         if list(data.get("match_len_edges", [])) != list(MATCH_LEN_EDGES) or \
                 list(data.get("count_edges", [])) != list(COUNT_EDGES):
             raise ValueError("retrieval confidence: bucket edges differ from this version's")
@@ -140,11 +158,13 @@ class RetrievalConfidence:
             if s not in self.table:
                 continue
             arr = np.asarray(rows, dtype=np.float64)
-            if arr.ndim != 4 or arr.shape[:2] != self.table[s].shape[:2] or arr.shape[3] != 2 or \
+            if version == 1 and arr.ndim == 4:  # no history axis: the same prior under every history
+                arr = np.repeat(arr[:, :, None], HISTORY_STATES, axis=2)
+            if arr.ndim != 5 or arr.shape[:3] != self.table[s].shape[:3] or arr.shape[4] != 2 or \
                     not np.isfinite(arr).all() or (arr <= 0).any():
                 raise ValueError(f"retrieval confidence: table {s!r} has shape {arr.shape} or non-positive counts")
-            g = min(self.gamma, arr.shape[2])
-            self.table[s][:, :, :g] = arr[:, :, :g]
+            g = min(self.gamma, arr.shape[3])
+            self.table[s][:, :, :, :g] = arr[:, :, :, :g]
 
     @classmethod
     def from_file(cls, gamma: int, path: str | Path | None, sources=("prompt", "corpus")) -> "RetrievalConfidence":
@@ -154,26 +174,33 @@ class RetrievalConfidence:
 
 
 def fit_table(sequences, gamma: int, max_prior: float = 200.0) -> RetrievalConfidence:
-    """Offline prior from greedy target outputs: for every output position of every (prompt ids, output ids) pair,
-    the prompt-lookup chain that a T = 0 server would verify there and how far it matches the real continuation
-    (exact at T = 0: greedy outputs do not depend on speculation). Counts are capped at `max_prior` per cell and
-    position, so online refinement can still move a cell."""
+    """Offline prior from greedy target outputs (exact at T = 0: greedy outputs do not depend on speculation). Per
+    (prompt ids, output ids) pair, `gamma` walks through the output as a T = 0 server verifying every whole
+    prompt-lookup chain would step (walk o starts at output position o): at each step the chain found there, how
+    far it matches the real continuation, under the history the walk's previous chain left; the walk then moves past
+    the accepted drafts and the bonus token. Counts are capped at `max_prior` per cell and position, so online
+    refinement can still move a cell."""
     from .lookup import prompt_candidate
 
     conf = RetrievalConfidence(gamma, sources=("prompt",))
     for prompt, output in sequences:
         ctx = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
         P = len(prompt)
-        for t in range(len(output)):
-            cand = prompt_candidate(ctx[: P + t], gamma, source=1)
-            if cand is None:
-                continue
-            truth = ctx[P + t: P + t + cand.tokens.size]
-            n = truth.size
-            same = cand.tokens[:n] == truth
-            accepted = int(np.argmin(same)) if not same.all() else n
-            conf.observe("prompt", cand.match_len, cand.count, conf.probs("prompt", cand.match_len, cand.count, n),
-                         n, accepted)
+        for t in range(min(gamma, len(output))):
+            history = HISTORY_NONE
+            while t < len(output):
+                cand = prompt_candidate(ctx[: P + t], gamma, source=1)
+                if cand is None:
+                    t += 1
+                    continue
+                truth = ctx[P + t: P + t + cand.tokens.size]
+                n = truth.size
+                same = cand.tokens[:n] == truth
+                accepted = int(np.argmin(same)) if not same.all() else n
+                conf.observe("prompt", cand.match_len, cand.count,
+                             conf.probs("prompt", cand.match_len, cand.count, n, history), n, accepted, history)
+                history = history_state(n, accepted)
+                t += accepted + 1
     t = conf.table["prompt"]
     total = t.sum(-1, keepdims=True)
     conf.table["prompt"] = np.where(total > max_prior, t * (max_prior / np.maximum(total, 1e-9)), t)

@@ -16,6 +16,7 @@ class Candidate:
     match_len: int  # tokens of context the chain was matched on (the corpus: the chain length, its proxy)
     count: int  # earlier occurrences of that suffix in the context (the evidence behind the continuation)
     source: int  # stats.SOURCE_* of the plugin: 1 prompt lookup, 2 cross-request corpus
+    history: int = 0  # confidence.HISTORY_*: how the request's last verified chain of this source ended
 
 
 def _longest_repeat(ctx: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, np.ndarray]:

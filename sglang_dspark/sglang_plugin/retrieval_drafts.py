@@ -9,6 +9,7 @@ Structured-output requests are left to the grammar walk (grammar.py: it copies f
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from sglang_dspark.retrieval import Candidate, RetrievalConfidence, prompt_candidate
-from sglang_dspark.retrieval.confidence import FILE_NAME
+from sglang_dspark.retrieval.confidence import FILE_NAME, HISTORY_NONE, history_state
 from sglang_dspark.sglang_plugin.request_params import retrieval_modes
 from sglang_dspark.sglang_plugin.stats import SOURCE_CORPUS, SOURCE_NAMES, SOURCE_PROMPT
 
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 MODES = ("off", "prompt", "corpus", "both")
 EXPLORE_OBSERVATIONS = 16  # verify outcomes a confidence cell needs before its chains are priced like the drafter's
+HISTORY_REQUESTS = 8192  # requests whose last chain outcomes are kept (finished ones are dropped at once)
 
 
 @dataclass
@@ -32,6 +34,7 @@ class RetrievalProposal:
     probs: torch.Tensor  # Float32[R, G]: calibrated conditional acceptance, 0 past each chain
     candidates: list  # per request: the Candidate proposed, or None
     unexplored: torch.Tensor | None = None  # Bool[R]: its confidence cell has seen few verify outcomes yet
+    rids: list | None = None  # per request: its rid (the key of its chain history)
 
     def has(self) -> torch.Tensor:
         return torch.tensor([c is not None for c in self.candidates], dtype=torch.bool)
@@ -51,6 +54,13 @@ class RetrievalDrafter:
             from sglang_dspark.sglang_plugin.retrieval_corpus import OutputCorpus
 
             self.corpus = OutputCorpus.create(gamma)
+        self._history: OrderedDict[str, dict[int, int]] = OrderedDict()  # rid -> {source: confidence.HISTORY_*}
+
+    def history(self, rid: str, source: int) -> int:
+        return self._history.get(rid, {}).get(source, HISTORY_NONE)
+
+    def forget(self, rid: str) -> None:
+        self._history.pop(rid, None)
 
     def observe_batch(self, reqs) -> None:
         """Every decode step: feed the corpus with what the batch committed."""
@@ -82,7 +92,8 @@ class RetrievalDrafter:
                 if cand is None:
                     continue
                 n = min(G, cand.tokens.size)
-                p = self.conf.probs(SOURCE_NAMES[cand.source], cand.match_len, cand.count, n)
+                cand.history = self.history(reqs[i].rid, cand.source)
+                p = self.conf.probs(SOURCE_NAMES[cand.source], cand.match_len, cand.count, n, cand.history)
                 value = float(np.cumprod(p).sum())
                 if value > best_value:
                     best, best_value, best_p = cand, value, p
@@ -93,20 +104,29 @@ class RetrievalDrafter:
                 chosen[i] = best
         if all(c is None for c in chosen):
             return None
-        unexplored = torch.tensor([c is not None and self.conf.observations(SOURCE_NAMES[c.source], c.match_len, c.count)
-                                   < EXPLORE_OBSERVATIONS for c in chosen], dtype=torch.bool)
-        return RetrievalProposal(tokens, probs, chosen, unexplored)
+        unexplored = torch.tensor([c is not None and self.conf.observations(
+            SOURCE_NAMES[c.source], c.match_len, c.count, c.history) < EXPLORE_OBSERVATIONS for c in chosen],
+            dtype=torch.bool)
+        return RetrievalProposal(tokens, probs, chosen, unexplored, [r.rid for r in reqs])
 
     def observe(self, proposal: RetrievalProposal, used: torch.Tensor, verify_lens: torch.Tensor,
                 accept_lens: torch.Tensor) -> None:
-        """Refine the confidence cells with the verify outcome of every chain the step used."""
+        """Refine the confidence cells with the verify outcome of every chain the step used, and remember how each
+        ended: the request's next chain of that source is looked up under it."""
         for i in torch.nonzero(used).view(-1).tolist():
             cand = proposal.candidates[i]
             v = int(verify_lens[i])
             if cand is None or v <= 0:
                 continue
-            self.conf.observe(SOURCE_NAMES[cand.source], cand.match_len, cand.count, proposal.probs[i].numpy(), v,
-                              int(accept_lens[i]))
+            a = int(accept_lens[i])
+            self.conf.observe(SOURCE_NAMES[cand.source], cand.match_len, cand.count, proposal.probs[i].numpy(), v, a,
+                              cand.history)
+            if proposal.rids is not None:
+                rid = proposal.rids[i]
+                self._history.setdefault(rid, {})[cand.source] = history_state(v, a)
+                self._history.move_to_end(rid)
+                while len(self._history) > HISTORY_REQUESTS:  # requests that ended without a finish notice
+                    self._history.popitem(last=False)
 
     def ece(self) -> dict[str, list[float]]:
         return {s: self.conf.ece(s) for s in self.conf.sources}

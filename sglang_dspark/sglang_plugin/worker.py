@@ -638,6 +638,7 @@ class DSparkExtWorker(BaseSpecWorker):
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.counters.requests_finished += 1
+        self.retrieval.forget(rid)
 
 
 def greedy_accept(drafts, verify_lens, packed_argmax, dense_index, backend: str = "auto") -> AcceptResult:

@@ -42,9 +42,9 @@ def test_a_miscalibrated_prior_shows_in_the_ece_before_it_is_learnt():
 
 def test_rejection_counts_only_the_first_rejected_position():
     conf = RetrievalConfidence(4, sources=("prompt",))
-    before = conf.table["prompt"][0, 0].copy()
+    before = conf.table["prompt"][0, 0, 0].copy()
     conf.observe("prompt", 1, 1, conf.probs("prompt", 1, 1, 4), 4, 2)
-    delta = conf.table["prompt"][0, 0] - before
+    delta = conf.table["prompt"][0, 0, 0] - before
     assert delta[:, 0] == pytest.approx([1, 1, 0, 0]) and delta[:, 1] == pytest.approx([0, 0, 1, 0])
 
 
@@ -61,11 +61,12 @@ def test_fit_table_learns_copyable_outputs_and_round_trips(tmp_path):
     prompt = list(range(100, 160))
     copy = [(prompt, prompt[10:50])]  # the answer copies the prompt: lookup chains are right
     fitted = fit_table(copy, 5)
-    assert fitted.probs("prompt", 8, 1, 5).min() > 0.7
+    full = 3  # HISTORY_FULL: a walk reaches long matches after accepted chains
+    assert fitted.probs("prompt", 8, 1, 5, full).min() > 0.7
     path = tmp_path / "retrieval_confidence.json"
     path.write_text(json.dumps(fitted.to_json()))
     loaded = RetrievalConfidence.from_file(5, path)
-    assert loaded.probs("prompt", 8, 1, 5) == pytest.approx(fitted.probs("prompt", 8, 1, 5))
+    assert loaded.probs("prompt", 8, 1, 5, full) == pytest.approx(fitted.probs("prompt", 8, 1, 5, full))
     assert fitted.table["prompt"].sum(-1).max() <= 200.0 + PRIOR_STRENGTH
 
 
@@ -153,3 +154,64 @@ def test_windowed_ece_forgets_the_cold_start_and_cells_follow_a_changed_mix():
     for _ in range(int(CELL_MEMORY) * 2):  # the mix changes: the same cell is now always accepted
         conf.observe("prompt", 3, 1, [0.5, 0.5], 1, 1)
     assert conf.probs("prompt", 3, 1, 1)[0] > 0.8  # without forgetting it would sit near 600 / 900
+
+
+def test_history_cells_separate_requests_that_copy_from_those_that_do_not():
+    from sglang_dspark.retrieval.confidence import HISTORY_FULL, HISTORY_NONE, HISTORY_REJECTED, history_state
+
+    assert [history_state(3, 0), history_state(3, 1), history_state(3, 3)] == [HISTORY_REJECTED, 2, HISTORY_FULL]
+    conf = RetrievalConfidence(3, sources=("prompt",))
+    for _ in range(100):  # after a fully accepted chain the next one is accepted; after a rejection it is not
+        conf.observe("prompt", 4, 1, conf.probs("prompt", 4, 1, 3, HISTORY_FULL), 3, 3, HISTORY_FULL)
+        conf.observe("prompt", 4, 1, conf.probs("prompt", 4, 1, 3, HISTORY_REJECTED), 3, 0, HISTORY_REJECTED)
+    assert conf.probs("prompt", 4, 1, 3, HISTORY_FULL).min() > 0.9
+    assert conf.probs("prompt", 4, 1, 3, HISTORY_REJECTED)[0] < 0.1
+    assert conf.probs("prompt", 4, 1, 3, HISTORY_NONE) == pytest.approx(RetrievalConfidence(3).probs("prompt", 4, 1, 3))
+    assert conf.observations("prompt", 4, 1, HISTORY_FULL) == 100 and conf.observations("prompt", 4, 1) == 0
+
+
+def test_a_version_1_prior_loads_as_the_same_prior_under_every_history():
+    from sglang_dspark.retrieval.confidence import HISTORY_STATES
+
+    old = RetrievalConfidence(3, sources=("prompt",))
+    old.observe("prompt", 4, 1, old.probs("prompt", 4, 1, 3), 3, 3)
+    v1 = {**old.to_json(), "version": 1, "table": {"prompt": old.table["prompt"][:, :, 0].tolist()}}
+    v1.pop("history_states")
+    loaded = RetrievalConfidence(3, sources=("prompt",), prior=v1)
+    for h in range(HISTORY_STATES):
+        assert loaded.probs("prompt", 4, 1, 3, h) == pytest.approx(old.probs("prompt", 4, 1, 3))
+    with pytest.raises(ValueError):
+        RetrievalConfidence(3, prior={**old.to_json(), "history_states": 2})
+
+
+def test_fit_table_walks_like_a_server_and_records_the_history():
+    from sglang_dspark.retrieval.confidence import HISTORY_FULL, HISTORY_REJECTED
+
+    prompt = list(range(100, 160))
+    fitted = fit_table([(prompt, prompt[10:50])], 5)  # copies: after the first chain every chain is accepted
+    assert fitted.observations("prompt", 8, 1, HISTORY_FULL) > 0
+    assert fitted.probs("prompt", 8, 1, 5, HISTORY_FULL).min() > 0.7
+    assert fitted.observations("prompt", 8, 1, HISTORY_REJECTED) == 0
+
+
+class _FullReq:
+    def __init__(self, rid, prompt, out):
+        self.rid, self.origin_input_ids, self.output_ids = rid, prompt, out
+        self.sampling_params = None
+
+
+def test_a_request_s_next_chain_is_priced_under_how_its_last_chain_ended():
+    import torch
+
+    from sglang_dspark.retrieval.confidence import HISTORY_FULL, HISTORY_NONE
+    from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalDrafter
+
+    drafter = RetrievalDrafter(3, "prompt", None)
+    req = _FullReq("r1", [5, 6, 7, 8, 9, 10, 11], [5, 6, 7])
+    prop = drafter.propose([req], torch.ones(1, dtype=torch.bool))
+    assert prop.candidates[0].history == HISTORY_NONE and prop.rids == ["r1"]
+    drafter.observe(prop, torch.ones(1, dtype=torch.bool), torch.tensor([3]), torch.tensor([3]))
+    assert drafter.history("r1", prop.candidates[0].source) == HISTORY_FULL
+    assert drafter.propose([req], torch.ones(1, dtype=torch.bool)).candidates[0].history == HISTORY_FULL
+    drafter.forget("r1")
+    assert drafter.history("r1", prop.candidates[0].source) == HISTORY_NONE
