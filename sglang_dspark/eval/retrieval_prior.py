@@ -8,6 +8,11 @@ template (train.chat.render_prompt, as eval_acceptance does) at T = 0 and fits r
 prompt/output lookup chain a T = 0 server would verify there and how far it matches what the target really said
 (exact: greedy outputs do not depend on speculation). The default prompts are training sets, none of the eval mix
 the benchmarks measure. Outputs are cached next to --out (`.outputs.jsonl`), so a rerun resumes.
+
+    python -m sglang_dspark.eval.retrieval_prior --conversations runs/data/generated.jsonl
+
+fits on greedy answers that already exist instead (`train generate --temperature 0` rows: the user turn through the
+chat template, the assistant turn re-tokenised), with no server.
 """
 
 from __future__ import annotations
@@ -36,7 +41,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for the server (e.g. --dtype float32)")
     p.add_argument("--out", default=None, help="default: <drafter>/retrieval_confidence.json")
+    p.add_argument("--conversations", nargs="+", default=None,
+                   help="greedy `train generate` JSONL files to fit on instead of asking a server")
     return p.parse_args(argv)
+
+
+def conversation_sequences(tok, paths: list[str]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of single-turn user/assistant rows; other rows are skipped."""
+    from sglang_dspark.train.chat import render_prompt
+
+    out = []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            msgs = json.loads(line).get("messages") or []
+            if len(msgs) != 2 or [m.get("role") for m in msgs] != ["user", "assistant"]:
+                continue
+            answer = tok.encode(msgs[1]["content"], add_special_tokens=False)
+            if answer:
+                out.append((render_prompt(tok, msgs[0]["content"]), answer))
+    if not out:
+        raise ValueError(f"{paths}: no user/assistant rows to fit on")
+    return out
 
 
 def collect(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int, cache: Path) -> list[tuple]:
@@ -82,14 +109,19 @@ def main(argv=None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = out.with_name(out.stem + ".outputs.jsonl")
     tok = AutoTokenizer.from_pretrained(args.model)
-    texts = [t for path in args.prompts for t in load_prompts(path, args.limit)]
-    ids = [render_prompt(tok, t) for t in texts]  # as eval_acceptance renders its prompts
-    flags = ["--model-path", args.model, "--no-dspark", *shlex.split(args.server_args)]
-    with ServerProcess(flags, startup_timeout_s=900) as srv:
-        sequences = collect(srv.base_url, ids, args.max_tokens, args.concurrency, cache)
+    if args.conversations:
+        sequences = conversation_sequences(tok, args.conversations)
+        source = {"conversations": [Path(p).name for p in args.conversations]}
+    else:
+        texts = [t for path in args.prompts for t in load_prompts(path, args.limit)]
+        ids = [render_prompt(tok, t) for t in texts]  # as eval_acceptance renders its prompts
+        flags = ["--model-path", args.model, "--no-dspark", *shlex.split(args.server_args)]
+        with ServerProcess(flags, startup_timeout_s=900) as srv:
+            sequences = collect(srv.base_url, ids, args.max_tokens, args.concurrency, cache)
+        source = {"prompts": list(args.prompts), "max_tokens": args.max_tokens}
     conf = fit_table(sequences, DSparkConfig.from_json(args.drafter).block_size)
-    data = {**conf.to_json(), "fitted_on": {"prompts": list(args.prompts), "sequences": len(sequences),
-                                           "max_tokens": args.max_tokens, "machine": describe_machine()}}
+    data = {**conf.to_json(), "fitted_on": {**source, "sequences": len(sequences),
+                                           "tokens": sum(len(o) for _, o in sequences), "machine": describe_machine()}}
     out.write_text(json.dumps(data) + "\n")
     scored = conf.scored("prompt")
     print(f"retrieval prior: {len(sequences)} outputs, {sum(len(o) for _, o in sequences)} tokens; lookup chains "
