@@ -8,7 +8,9 @@ next to it do: `training/cursor.json` (how far into the interleaved training pro
             target (`generate`, ~5x the CPU per token)
   capture   target features for them (the drafter's feature layers), then the target's top-k statistics
   fit       from the current drafter's weights, a fresh cosine schedule sized to the fit share of the budget
-  calibrate STS on the round's held-out split (teacher-forced), into the candidate's sts.json
+  calibrate STS fitted on free-running speculative decoding (`eval_acceptance --fit-sts`, as the server drafts) of
+            the next `--sts-prompts` training prompts after the round's, which no round has trained on yet; greedy
+            and sampled sets, into the candidate's sts.json (teacher-forced fits left 4-6% ECE at position 1)
   eval      `eval_acceptance` (T = 0, gamma = the block size) on the eval prompt sets, the same prompts every round
   ship      only if its tau beats the shipped drafter's last recorded tau and the worst position's ECE stays <= 3%
 
@@ -33,6 +35,7 @@ from ..bench.machine import describe_machine
 
 SHARES = {"data": 0.30, "fit": 0.45}  # of the budget; capture statistics, calibration and eval take the rest
 FIT_BATCH = 2  # sequences per optimizer step
+STS_PROMPTS = 24  # ~1,000 free-running rounds at 64 tokens: enough for 7 positions x (temperature, bias)
 MAX_EPOCHS = 4  # passes over a round's fresh samples; more fits the round's few hundred samples, not the target
 ECE_LIMIT = 0.03
 DEFAULT_STEP_SECONDS = 4.0  # one 2-sequence, 128-anchor step on a 2-core EPYC Zen 3 (2026-12-02)
@@ -57,6 +60,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="target dtype for data, capture and eval. auto: bf16 on CUDA and on CPUs with a native bf16 "
                         "dot product (AMX: capture 3.5x faster than fp32), fp32 elsewhere (~4x faster than bf16 "
                         "on AVX2-only CPUs)")
+    p.add_argument("--sts-prompts", type=int, default=STS_PROMPTS,
+                   help="unseen training prompts the candidate's STS is fitted on (per regime)")
     p.add_argument("--max-epochs", type=float, default=MAX_EPOCHS,
                    help="cap on the fit's passes over the round's training samples")
 
@@ -239,19 +244,30 @@ def run(args: argparse.Namespace) -> dict:
         return {"fit_steps": res["final_step"], "fit_seconds": time.time() - t0}
 
     def calibrate_stage():
+        from ..eval_acceptance import main as eval_main
         from .fit import latest_checkpoint
 
         ckpt = latest_checkpoint(str(r.work / "fit"))
         cand = r.work / "candidate"
         shutil.rmtree(cand, ignore_errors=True)
-        shutil.copytree(ckpt, cand, ignore=shutil.ignore_patterns("training_state.pt"))
+        shutil.copytree(ckpt, cand, ignore=shutil.ignore_patterns("training_state.pt", "sts.json"))
         for name in ("draft_vocab.safetensors", "retrieval_confidence.json"):
             if (Path(args.drafter) / name).exists():
                 shutil.copy(Path(args.drafter) / name, cand / name)
-        for t in ("0", "1"):
-            train_main(["calibrate", "--cache", str(cache), "--drafter", str(cand), "--temperature", t,
-                        "--holdout-fraction", str(holdout())])
-        return {"candidate": str(cand)}
+        rows = _load_prompt_rows(DEFAULT_SOURCES)
+        start = r.state["results"]["data"]["cursor_to"]
+        prompts = r.work / "sts_prompts.jsonl"
+        with open(prompts, "w") as f:  # the prompts after this round's: unseen by every round so far
+            for i in range(min(args.sts_prompts, len(rows))):
+                f.write(json.dumps({"turns": [rows[(start + i) % len(rows)][2]]}) + "\n")
+        fitted = {}
+        for t in ("0", "1"):  # greedy set, then the sampled set with greedy drafts (the served default at T > 0)
+            rep = eval_main(["--target", args.target, "--drafter", str(cand), "--dataset", str(prompts),
+                             "--max-new-tokens", str(args.eval_tokens), "--temperature", t, "--draft-temperature",
+                             "0", "--dtype", dtype, "--fit-sts", str(cand / "sts.json"),
+                             "--json", str(r.work / f"sts_T{t}.json")])
+            fitted[t] = rep["fitted_sts"].get("ece_sts")
+        return {"candidate": str(cand), "sts_prompts": len(rows[:args.sts_prompts]), "sts_fit_ece": fitted}
 
     def evaluate(drafter: str, name: str) -> dict:
         from ..eval_acceptance import main as eval_main
@@ -315,5 +331,10 @@ def run(args: argparse.Namespace) -> dict:
                      ("calibrate", calibrate_stage), ("eval", eval_stage), ("ship", ship_stage)):
         r.stage(name, fn)
     result = {k: v for k, v in r.state["results"]["ship"].items() if k != "seconds"}
+    if not result["shipped"]:  # small, and worth a look (or a recalibration) before it is thrown away
+        kept = r.work.with_name(r.work.name + "-candidate")
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.move(str(r.work / "candidate"), kept)
+        print(f"[continue] the candidate is kept in {kept}")
     shutil.rmtree(r.work, ignore_errors=True)  # the round is recorded; its caches are not reused
     return result

@@ -64,7 +64,7 @@ def test_two_rounds_accumulate_on_fresh_prompts(tiny, monkeypatch):
     monkeypatch.setattr(accumulate, "DEFAULT_STEP_SECONDS", 30.0)  # 60 s of fit budget -> 2 steps
     torch.set_num_threads(1)
     args = ["continue", "--budget-min", "1", "--drafter", str(drafter), "--target", str(root / "t"), "--work",
-            str(root / "work"), "--prompts", "6", "--eval-limit", "2", "--eval-tokens", "6",
+            str(root / "work"), "--prompts", "6", "--eval-limit", "2", "--eval-tokens", "6", "--sts-prompts", "2",
             "--fit-args", "--max-length 96 --eval-every 0 --num-anchors 8 --steps 3"]
     first = main(args + ["--dtype", "fp32"])
     assert not (root / "work").exists()
@@ -112,6 +112,7 @@ def test_an_interrupted_round_resumes_at_its_stage(tiny, monkeypatch):
     monkeypatch.setattr(accumulate, "DEFAULT_STEP_SECONDS", 30.0)
     args = ["continue", "--budget-min", "1", "--drafter", str(drafter), "--target", str(root / "t"), "--work",
             str(root / "work2"), "--prompts", "4", "--eval-limit", "1", "--eval-tokens", "4", "--no-ship",
+            "--sts-prompts", "2",
             "--fit-args", "--max-length 96 --eval-every 0 --num-anchors 8 --steps 3"]
     settings = {"dtype": accumulate.resolve_dtype("auto"), "limit": 1, "tokens": 4}
     tdir = accumulate.training_dir(str(drafter))
@@ -125,3 +126,6 @@ def test_an_interrupted_round_resumes_at_its_stage(tiny, monkeypatch):
     assert state["results"]["baseline"]["skipped"]  # the curve already holds a shipped row
     out = main(args)
     assert out["shipped"] is False
+    kept = root / "work2-candidate"  # a rejected candidate is kept, with the STS fitted free-running for it
+    sts = json.loads((kept / "sts.json").read_text())
+    assert "temperatures" in sts and "temperatures_sampled" in sts and (kept / "model.safetensors").exists()
