@@ -1,5 +1,5 @@
 """`python -m sglang_dspark.bench {baseline,serve,ab,single_stream,sim,draft_cost,acceptance_report,repeats,
-grammar_mix,learning_curves}`."""
+grammar_mix,learning_curves,training_rounds}`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "repeats": "sglang_dspark.bench.repeats",
     "grammar_mix": "sglang_dspark.bench.grammar_mix",
     "learning_curves": "sglang_dspark.bench.learning_curves",
+    "training_rounds": "sglang_dspark.bench.training_rounds",
 }
 
 
