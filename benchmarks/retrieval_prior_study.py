@@ -22,9 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_dspark.bench.machine import describe_machine
-from sglang_dspark.retrieval.confidence import (ECE_BINS, HISTORY_NONE, RetrievalConfidence, fit_table,
-                                                history_state)
-from sglang_dspark.retrieval.lookup import prompt_candidate
+from sglang_dspark.retrieval.confidence import ECE_BINS, HISTORY_NONE, RetrievalConfidence, fit_table, served_chains
 
 
 def walk(conf: RetrievalConfidence, seqs, gamma: int, use_history: bool, online: bool) -> dict:
@@ -32,17 +30,7 @@ def walk(conf: RetrievalConfidence, seqs, gamma: int, use_history: bool, online:
     label = [[] for _ in range(gamma)]
     loss, positions = 0.0, 0
     for prompt, output in seqs:
-        ctx = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
-        P, t, hist = len(prompt), 0, HISTORY_NONE
-        while t < len(output):
-            cand = prompt_candidate(ctx[: P + t], gamma, source=1)
-            if cand is None:
-                t += 1
-                continue
-            truth = ctx[P + t: P + t + cand.tokens.size]
-            n = truth.size
-            same = cand.tokens[:n] == truth
-            accepted = int(np.argmin(same)) if not same.all() else n
+        for cand, n, accepted, hist in served_chains(prompt, output, gamma):
             h = hist if use_history else HISTORY_NONE
             p = conf.probs("prompt", cand.match_len, cand.count, n, h)
             surv = np.cumprod(p)
@@ -56,8 +44,6 @@ def walk(conf: RetrievalConfidence, seqs, gamma: int, use_history: bool, online:
             positions += reached
             if online:
                 conf.observe("prompt", cand.match_len, cand.count, p, n, accepted, h)
-            hist = history_state(n, accepted)
-            t += accepted + 1
     ece = []
     for pr, lb in zip(pred, label):
         pr, lb = np.asarray(pr), np.asarray(lb, dtype=float)

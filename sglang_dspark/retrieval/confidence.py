@@ -176,36 +176,40 @@ class RetrievalConfidence:
 PRIOR_CAP = 8.0  # pseudo-counts a fitted cell keeps per position (see fit_table)
 
 
-def fit_table(sequences, gamma: int, max_prior: float = PRIOR_CAP) -> RetrievalConfidence:
-    """Offline prior from greedy target outputs (exact at T = 0: greedy outputs do not depend on speculation). Per
-    (prompt ids, output ids) pair, `gamma` walks through the output as a T = 0 server verifying every whole
-    prompt-lookup chain would step (walk o starts at output position o): at each step the chain found there, how
-    far it matches the real continuation, under the history the walk's previous chain left; the walk then moves past
-    the accepted drafts and the bonus token. Counts are capped at `max_prior` per cell and position: requests
-    differ more than cells tell, so the prior only has to start a cell near its population rate and let the
-    request mix served take over within a few outcomes (benchmarks/retrieval_prior_study.py: capped at 8, online
-    ECE 2-3% on held-out answers; capped at 200, 8-9%)."""
+def served_chains(prompt, output, gamma: int, start: int = 0):
+    """The prompt-lookup chains a T = 0 server verifying every whole chain would meet in a greedy output, from
+    output position `start` on: (candidate, verified, accepted, history before it) per step; the walk then moves
+    past the accepted drafts and the bonus token (exact at T = 0: greedy outputs do not depend on speculation)."""
     from .lookup import prompt_candidate
 
+    ctx = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
+    P, t, history = len(prompt), start, HISTORY_NONE
+    while t < len(output):
+        cand = prompt_candidate(ctx[: P + t], gamma, source=1)
+        if cand is None:
+            t += 1
+            continue
+        truth = ctx[P + t: P + t + cand.tokens.size]
+        n = truth.size
+        same = cand.tokens[:n] == truth
+        accepted = int(np.argmin(same)) if not same.all() else n
+        yield cand, n, accepted, history
+        history = history_state(n, accepted)
+        t += accepted + 1
+
+
+def fit_table(sequences, gamma: int, max_prior: float = PRIOR_CAP) -> RetrievalConfidence:
+    """Offline prior from greedy target outputs: per (prompt ids, output ids) pair, `gamma` served_chains walks
+    (starting at output positions 0..gamma-1), each chain observed under the history its walk had. Counts are capped
+    at `max_prior` per cell and position: requests differ more than cells tell, so the prior only has to start a
+    cell near its population rate and let the request mix served take over within a few outcomes
+    (benchmarks/retrieval_prior_study.py: capped at 8, online ECE 2-3% on held-out answers; capped at 200, 8-9%)."""
     conf = RetrievalConfidence(gamma, sources=("prompt",))
     for prompt, output in sequences:
-        ctx = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
-        P = len(prompt)
-        for t in range(min(gamma, len(output))):
-            history = HISTORY_NONE
-            while t < len(output):
-                cand = prompt_candidate(ctx[: P + t], gamma, source=1)
-                if cand is None:
-                    t += 1
-                    continue
-                truth = ctx[P + t: P + t + cand.tokens.size]
-                n = truth.size
-                same = cand.tokens[:n] == truth
-                accepted = int(np.argmin(same)) if not same.all() else n
+        for start in range(min(gamma, len(output))):
+            for cand, n, accepted, history in served_chains(prompt, output, gamma, start):
                 conf.observe("prompt", cand.match_len, cand.count,
                              conf.probs("prompt", cand.match_len, cand.count, n, history), n, accepted, history)
-                history = history_state(n, accepted)
-                t += accepted + 1
     t = conf.table["prompt"]
     total = t.sum(-1, keepdims=True)
     conf.table["prompt"] = np.where(total > max_prior, t * (max_prior / np.maximum(total, 1e-9)), t)
