@@ -120,11 +120,12 @@ def main(argv=None) -> dict:
             sequences = collect(srv.base_url, ids, args.max_tokens, args.concurrency, cache)
         source = {"prompts": list(args.prompts), "max_tokens": args.max_tokens}
     conf = fit_table(sequences, DSparkConfig.from_json(args.drafter).block_size)
-    data = {**conf.to_json(), "fitted_on": {**source, "sequences": len(sequences),
-                                           "tokens": sum(len(o) for _, o in sequences), "machine": describe_machine()}}
+    tokens = sum(len(o) for _, o in sequences)
+    data = {**conf.to_json(), "fitted_on": {**source, "sequences": len(sequences), "tokens": tokens,
+                                           "machine": describe_machine()}}
     out.write_text(json.dumps(data) + "\n")
     scored = conf.scored("prompt")
-    print(f"retrieval prior: {len(sequences)} outputs, {sum(len(o) for _, o in sequences)} tokens; lookup chains "
+    print(f"retrieval prior: {len(sequences)} outputs, {tokens} tokens; lookup chains "
           f"scored per position {scored}; in-sample ECE {[round(e, 4) for e in conf.ece('prompt')]} -> {out}")
     return data
 

@@ -33,8 +33,8 @@ class RetrievalProposal:
     tokens: torch.Tensor  # Long[R, G] (zeros past each chain)
     probs: torch.Tensor  # Float32[R, G]: calibrated conditional acceptance, 0 past each chain
     candidates: list  # per request: the Candidate proposed, or None
+    rids: list  # per request: its rid (the key of its chain history)
     unexplored: torch.Tensor | None = None  # Bool[R]: its confidence cell has seen few verify outcomes yet
-    rids: list | None = None  # per request: its rid (the key of its chain history)
 
     def has(self) -> torch.Tensor:
         return torch.tensor([c is not None for c in self.candidates], dtype=torch.bool)
@@ -107,7 +107,7 @@ class RetrievalDrafter:
         unexplored = torch.tensor([c is not None and self.conf.observations(
             SOURCE_NAMES[c.source], c.match_len, c.count, c.history) < EXPLORE_OBSERVATIONS for c in chosen],
             dtype=torch.bool)
-        return RetrievalProposal(tokens, probs, chosen, unexplored, [r.rid for r in reqs])
+        return RetrievalProposal(tokens, probs, chosen, [r.rid for r in reqs], unexplored)
 
     def observe(self, proposal: RetrievalProposal, used: torch.Tensor, verify_lens: torch.Tensor,
                 accept_lens: torch.Tensor) -> None:
@@ -121,12 +121,11 @@ class RetrievalDrafter:
             a = int(accept_lens[i])
             self.conf.observe(SOURCE_NAMES[cand.source], cand.match_len, cand.count, proposal.probs[i].numpy(), v, a,
                               cand.history)
-            if proposal.rids is not None:
-                rid = proposal.rids[i]
-                self._history.setdefault(rid, {})[cand.source] = history_state(v, a)
-                self._history.move_to_end(rid)
-                while len(self._history) > HISTORY_REQUESTS:  # requests that ended without a finish notice
-                    self._history.popitem(last=False)
+            rid = proposal.rids[i]
+            self._history.setdefault(rid, {})[cand.source] = history_state(v, a)
+            self._history.move_to_end(rid)
+            while len(self._history) > HISTORY_REQUESTS:  # requests that ended without a finish notice
+                self._history.popitem(last=False)
 
     def ece(self) -> dict[str, list[float]]:
         return {s: self.conf.ece(s) for s in self.conf.sources}

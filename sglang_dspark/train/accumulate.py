@@ -257,8 +257,9 @@ def run(args: argparse.Namespace) -> dict:
         rows = _load_prompt_rows(DEFAULT_SOURCES)
         start = r.state["results"]["data"]["cursor_to"]
         prompts = r.work / "sts_prompts.jsonl"
+        n_sts = min(args.sts_prompts, len(rows))
         with open(prompts, "w") as f:  # the prompts after this round's: unseen by every round so far
-            for i in range(min(args.sts_prompts, len(rows))):
+            for i in range(n_sts):
                 f.write(json.dumps({"turns": [rows[(start + i) % len(rows)][2]]}) + "\n")
         fitted = {}
         for t in ("0", "1"):  # greedy set, then the sampled set with greedy drafts (the served default at T > 0)
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
                              "0", "--dtype", dtype, "--fit-sts", str(cand / "sts.json"),
                              "--json", str(r.work / f"sts_T{t}.json")])
             fitted[t] = rep["fitted_sts"].get("ece_sts")
-        return {"candidate": str(cand), "sts_prompts": len(rows[:args.sts_prompts]), "sts_fit_ece": fitted}
+        return {"candidate": str(cand), "sts_prompts": n_sts, "sts_fit_ece": fitted}
 
     def evaluate(drafter: str, name: str) -> dict:
         from ..eval_acceptance import main as eval_main
