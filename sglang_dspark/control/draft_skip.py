@@ -55,3 +55,17 @@ class BatchProbeGate:
         self.quiet += 1
         if self.batch_mode:
             self.next_step = step + min(self.first << (self.quiet - self.quiet_after), self.max_gap)
+
+
+def draft_mask(num_requests: int, *, probe: torch.Tensor | None = None, chain_worthier: torch.Tensor | None = None,
+               no_speculation: torch.Tensor | None = None, grammar_copied: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool[R]: the requests the draft pass runs for. Every reason to leave a request out holds on its own: a probe
+    step (`probe`, True = drafted) does not bring back a request whose retrieval chain is worth at least the
+    drafter's block (`chain_worthier`), nor one that asked for no speculation or whose grammar drafts for it."""
+    active = torch.ones(num_requests, dtype=torch.bool)
+    if probe is not None:
+        active &= probe
+    for leave_out in (chain_worthier, no_speculation, grammar_copied):
+        if leave_out is not None:
+            active &= ~leave_out
+    return active

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from sglang_dspark.cpu_features import has_native_bf16
+
 logger = logging.getLogger(__name__)
 
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
 KERNEL_CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the kernel stays ahead of fp32 further out
 MODES = ("auto", "on", "off")
@@ -52,7 +53,7 @@ def wants_row_dispatch(mode: str, cpu_flags: set[str] | None) -> bool:
         raise ValueError(f"--dspark-cpu-gemm must be one of {', '.join(MODES)}; got {mode!r}")
     if mode != "auto":
         return mode == "on"
-    return cpu_flags is not None and not any(f in cpu_flags for f in NATIVE_BF16_FLAGS)
+    return cpu_flags is not None and not has_native_bf16(cpu_flags)
 
 
 def _median_ms(fn, reps: int) -> float:

@@ -31,6 +31,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMonitor, DraftCostModel, PlainDecodeGate,
                                    StepOutcome, make_policy, survival, unmet_floors)
+from sglang_dspark.control.draft_skip import draft_mask
 from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
 from sglang_dspark.control.plain_decode import GATED_POLICIES
 from sglang_dspark.control.source_choice import choose_retrieval, proposal_value, skip_drafting
@@ -291,21 +292,20 @@ class DSparkExtWorker(BaseSpecWorker):
         --dspark-grammar-drafts copy, structured-output requests with point-mass drafts (their grammar and their
         prompt / output draft for them: grammar.walk_drafts), and those whose retrieval chain is expected to accept at
         least as many drafts as the drafter's block usually does (no drafter pass at all with --dspark-no-model-drafts)."""
-        streak = state.zero_streak
-        active = torch.ones(len(streak), dtype=torch.bool)
         if not self.options.model_drafts:
             return torch.zeros(0, dtype=torch.int64)
+        bs = len(state.zero_streak)
+        chain_worthier = None
         if retrieval is not None:
-            active &= ~skip_drafting(retrieval.probs, retrieval.has(), self.drafter_expected,
-                                     SOURCE_TOKEN_PRICE)
-        if self.options.draft_skip:
-            active = self.probe_gate.active(streak, self.step_index)
-        if caps is not None:
-            active &= caps != 0
+            chain_worthier = skip_drafting(retrieval.probs, retrieval.has(), self.drafter_expected, SOURCE_TOKEN_PRICE)
+        copied = None
         if self.options.grammar_drafts == "copy":
             copied = torch.tensor([getattr(r, "grammar", None) is not None for r in batch.reqs], dtype=torch.bool)
-            if bool(copied.any()):
-                active &= ~(copied & (draft_temps == 0).cpu())
+            copied &= (draft_temps == 0).cpu()
+        probe = self.probe_gate.active(state.zero_streak, self.step_index) if self.options.draft_skip else None
+        no_speculation = None if caps is None else caps == 0
+        active = draft_mask(bs, probe=probe, chain_worthier=chain_worthier, no_speculation=no_speculation,
+                            grammar_copied=copied)
         return torch.nonzero(active).view(-1)
 
     def _decode(self, batch) -> GenerationBatchResult:

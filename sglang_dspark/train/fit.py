@@ -19,6 +19,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from ..cpu_features import cpu_model_and_flags, has_native_bf16
 from ..drafter import DSparkConfig, DSparkDraftModel, block_labels, load_drafter, sample_anchors, save_drafter
 from .cache import CacheReader
 from .distributed import agree_any, barrier, init_world, local_device, shutdown, sum_gradients, sum_stats
@@ -56,10 +57,8 @@ def use_autocast(mode: str, device_type: str, cpu_flags: list[str] | None = None
     if device_type == "cuda":
         return True
     if cpu_flags is None:
-        from ..bench.machine import cpu_model_and_flags
-
         cpu_flags = cpu_model_and_flags()[1]
-    return any(f in cpu_flags for f in ("avx512_bf16", "amx_bf16"))
+    return has_native_bf16(cpu_flags)
 
 
 def latest_checkpoint(out: str) -> str | None:

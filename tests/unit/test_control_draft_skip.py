@@ -1,6 +1,7 @@
 import torch
 
 from sglang_dspark.control import probe_due
+from sglang_dspark.control.draft_skip import draft_mask
 
 
 def test_probes_back_off_exponentially_then_periodically():
@@ -56,3 +57,20 @@ def test_batch_gate_ignores_steps_that_drafted_nothing():
     for step in range(10):
         gate.observe(step, drafted=0, verified=0)
     assert not gate.batch_mode
+
+
+def test_a_probe_step_does_not_bring_back_a_request_whose_chain_is_worthier():
+    probe = torch.tensor([True, True, False, True])
+    chain = torch.tensor([True, False, False, False])
+    nospec = torch.tensor([False, False, False, True])
+    assert draft_mask(4, probe=probe, chain_worthier=chain, no_speculation=nospec).tolist() == [False, True, False,
+                                                                                                 False]
+
+
+def test_draft_mask_with_no_reasons_drafts_everybody_and_each_reason_alone_leaves_its_requests_out():
+    assert draft_mask(3).tolist() == [True, True, True]
+    only = torch.tensor([False, True, False])
+    assert draft_mask(3, chain_worthier=only).tolist() == [True, False, True]
+    assert draft_mask(3, grammar_copied=only).tolist() == [True, False, True]
+    assert draft_mask(3, no_speculation=only).tolist() == [True, False, True]
+    assert draft_mask(3, probe=only).tolist() == [False, True, False]
