@@ -137,9 +137,12 @@ PANELS = [
      {"dashed": "share"}),
     ("Retrieval confidence ECE", "none",
      "Expected calibration error of each retrieval source's calibrated draft confidences per draft position "
-     "(prompt/output lookup, cross-request corpus); no data until retrieval drafts are served.",
+     "(prompt/output lookup, cross-request corpus); no data until retrieval drafts are served. Dashed: its "
+     "label-noise floor, the ECE a perfectly calibrated source would show on the same predictions.",
      [(f"max by (source, position) (avg_over_time(sglang:dspark_retrieval_ece{{{SEL}}}[{RI}]))",
-       "{{source}} p{{position}}")], {}),
+       "{{source}} p{{position}}"),
+      (f"max by (source, position) (avg_over_time(sglang:dspark_retrieval_ece_floor{{{SEL}}}[{RI}]))",
+       "floor {{source}} p{{position}}")], {"dashed": "floor"}),
     ("Draft and verify time per step", "s",
      "Mean drafter and target-verify time per decode step, and their p95.",
      [(f"{rate('sglang:dspark_draft_time_seconds_sum')} / {rate('sglang:dspark_draft_time_seconds_count')}",

@@ -192,10 +192,13 @@ def run(args: argparse.Namespace) -> list[dict]:
             ece = {policy: scrape_retrieval_ece(srv.url) for policy, srv in servers.items()
                    if is_dspark_policy(policy)}
             data["retrieval_ece"] = {p: e for p, e in ece.items() if e} or data.get("retrieval_ece")
+            floor = {policy: scrape_retrieval_ece(srv.url, "retrieval_ece_floor") for policy, srv in servers.items()
+                     if is_dspark_policy(policy)}
+            data["retrieval_ece_floor"] = {p: e for p, e in floor.items() if e} or data.get("retrieval_ece_floor")
     rows = summarize(rounds, policies)
     _save(out, {"settings": settings, "meta": {**data.get("meta", {}), **meta}, "rounds": rounds, "rows": rows,
                 "sources": source_summary(rounds),
-                **({"retrieval_ece": data["retrieval_ece"]} if data.get("retrieval_ece") else {})})
+                **{k: data[k] for k in ("retrieval_ece", "retrieval_ece_floor") if data.get(k)}})
     print(markdown_table(rows, ["policy", "reference", "temperature", "concurrency", "rounds", "ratio", "lo95",
                                 "hi95", "tok_s_mean", "reference_tok_s_mean"]))
     if not args.no_plots and rows:
@@ -224,8 +227,9 @@ def source_summary(rounds: list[dict]) -> list[dict]:
     return out
 
 
-def scrape_retrieval_ece(url: str) -> dict[str, dict[str, float]]:
-    """{source: {position: ECE}} from a server's /metrics (empty when it exports none, e.g. metrics off)."""
+def scrape_retrieval_ece(url: str, metric: str = "retrieval_ece") -> dict[str, dict[str, float]]:
+    """{source: {position: ECE}} from a server's /metrics (empty when it exports none, e.g. metrics off);
+    metric="retrieval_ece_floor": the same windows' noise floor."""
     import re
     import urllib.request
 
@@ -235,7 +239,7 @@ def scrape_retrieval_ece(url: str) -> dict[str, dict[str, float]]:
         return {}
     out: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
-        if not line.startswith("sglang:dspark_retrieval_ece{"):
+        if not line.startswith(f"sglang:dspark_{metric}{{"):
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
         out.setdefault(labels.get("source", "?"), {})[labels.get("position", "?")] = float(line.rsplit(" ", 1)[1])

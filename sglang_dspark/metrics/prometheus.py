@@ -20,7 +20,9 @@ with nothing proposed, and fallback steps, have no source), over the same reques
     request_steps_by_source_total{source=s}   = sum(record["by_source"][s]["steps"])
     verified_tokens_by_source_total{source=s} = sum(record["by_source"][s]["verified"])   (likewise accepted)
 retrieval_ece{source, position} is the online ECE of a retrieval source's calibrated confidences at draft position p,
-over the last retrieval.confidence.ECE_WINDOW predictions verified there.
+over the last retrieval.confidence.ECE_WINDOW predictions verified there; retrieval_ece_floor{source, position} is
+what a perfectly calibrated source would show on those predictions (label noise), the level retrieval_ece is read
+against.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
                         ("position",), {}),
     "retrieval_ece": ("gauge", "Online ECE of a retrieval source's calibrated confidences at draft position p "
                       "(1-based), over its last 1024 verified predictions.", ("source", "position"), {}),
+    "retrieval_ece_floor": ("gauge", "The ECE a perfectly calibrated source would show on the same predictions as "
+                            "retrieval_ece (its label-noise floor).", ("source", "position"), {}),
     "controller_info": ("gauge", "Constant 1; labels name the verify-length controller, gamma and drafter.",
                         ("controller", "gamma", "drafter"), {}),
 }
@@ -243,10 +247,11 @@ class DSparkMetrics:
                 self._m("calibration_ece", position=str(p + 1)).set(ece)
         if not stats.fallback:
             self._observe_sources(getattr(stats, "sources", None) or [], verify, accept)
-        for name, eces in (getattr(stats, "retrieval_ece", None) or {}).items():
-            for p, ece in enumerate(eces or []):
-                if ece is not None and math.isfinite(ece):  # nan = no samples at p yet
-                    self._m("retrieval_ece", source=str(name), position=str(p + 1)).set(ece)
+        for metric in ("retrieval_ece", "retrieval_ece_floor"):
+            for name, eces in (getattr(stats, metric, None) or {}).items():
+                for p, ece in enumerate(eces or []):
+                    if ece is not None and math.isfinite(ece):  # nan = no samples at p yet
+                        self._m(metric, source=str(name), position=str(p + 1)).set(ece)
 
     def _source_series(self, name: str) -> dict[str, Any]:
         return {short: self._m(short, source=name) for short in BY_SOURCE_COUNTERS}

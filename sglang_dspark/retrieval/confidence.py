@@ -132,6 +132,22 @@ class RetrievalConfidence:
             out.append(float(np.abs(gap).sum() / pred.size))
         return out
 
+    def ece_floor(self, source: str) -> list[float]:
+        """Per draft position: the ECE a perfectly calibrated predictor would show on the same windowed predictions
+        (ece() is biased up by label noise). Under calibration a bin's sum of (prediction - label) has variance
+        V_b = sum p (1 - p), so E|sum| ~ sqrt(2 V_b / pi): floor = sum_b sqrt(2 V_b / pi) / n. On 1024 predictions
+        spread over the bins that is ~3%: a window's ECE is read against it."""
+        out = []
+        for pred in self._recent[source][0]:
+            pred = pred[~np.isnan(pred)]
+            if not pred.size:
+                out.append(float("nan"))
+                continue
+            bins = np.clip((pred * ECE_BINS).astype(int), 0, ECE_BINS - 1)
+            var = np.bincount(bins, weights=pred * (1 - pred), minlength=ECE_BINS)
+            out.append(float(np.sqrt(2 * var / np.pi).sum() / pred.size))
+        return out
+
     def scored(self, source: str, window: bool = True) -> list[int]:
         """Per draft position: how many served predictions ece() is over."""
         if window:

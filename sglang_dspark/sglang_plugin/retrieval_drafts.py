@@ -130,6 +130,9 @@ class RetrievalDrafter:
     def ece(self) -> dict[str, list[float]]:
         return {s: self.conf.ece(s) for s in self.conf.sources}
 
+    def ece_floor(self) -> dict[str, list[float]]:
+        return {s: self.conf.ece_floor(s) for s in self.conf.sources}
+
 
 def token_context(req) -> np.ndarray:
     """A request's prompt + output tokens so far (SGLang keeps both as array('q'))."""

@@ -34,6 +34,7 @@ class StepStats:
     sources: list[int] = field(default_factory=list)
     # per retrieval source name: ECE of its calibrated confidences per draft position (served steps so far)
     retrieval_ece: dict[str, list[float]] | None = None
+    retrieval_ece_floor: dict[str, list[float]] | None = None  # the same windows' ECE under perfect calibration
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()

@@ -248,7 +248,8 @@ def test_multiprocess_export(tmp_path):
         from sglang_dspark.sglang_plugin.stats import StepStats
         m = DSparkMetrics.create({"model_name": "m", "tp_rank": "0"})
         m.set_info("fixed:3", 4, "d")
-        s = StepStats(2, drafted=[1, 1], sources=[0, 1], retrieval_ece={"prompt": [0.1, float("nan")]})
+        s = StepStats(2, drafted=[1, 1], sources=[0, 1], retrieval_ece={"prompt": [0.1, float("nan")]},
+                      retrieval_ece_floor={"prompt": [0.04, float("nan")]})
         s.finish(torch.tensor([3, 1]), torch.tensor([2, 0]), None)
         m.observe_step(s, budget_tokens=4, capacity_tokens=8, running=2, predicted_s=0.1, measured_s=0.2,
                        ece_per_position=[0.1, 0.2, 0.3, 0.4], conf=torch.full((2, 4), 0.5))
@@ -278,6 +279,7 @@ def test_multiprocess_export(tmp_path):
     assert by_src[("sglang:dspark_request_steps_by_source_total", "corpus", None)] == 0  # pre-created at zero
     assert by_src[("sglang:dspark_retrieval_ece", "prompt", "1")] == pytest.approx(0.1)
     assert ("sglang:dspark_retrieval_ece", "prompt", "2") not in by_src
+    assert by_src[("sglang:dspark_retrieval_ece_floor", "prompt", "1")] == pytest.approx(0.04)
     assert samples["sglang:dspark_request_mean_tau_sum"].value == 2.0
     assert samples["sglang:dspark_request_mean_tau_sum"].labels == {"model_name": "m"}
 

@@ -215,3 +215,21 @@ def test_a_request_s_next_chain_is_priced_under_how_its_last_chain_ended():
     assert drafter.propose([req], torch.ones(1, dtype=torch.bool)).candidates[0].history == HISTORY_FULL
     drafter.forget("r1")
     assert drafter.history("r1", prop.candidates[0].source) == HISTORY_NONE
+
+
+def test_the_ece_floor_is_what_a_calibrated_source_shows_and_a_miscalibrated_one_rises_above_it():
+    rng = np.random.default_rng(3)
+    calibrated, floors = [], []
+    for _ in range(40):  # served chains of one position whose confidences are right: labels ~ Bernoulli(p)
+        conf = RetrievalConfidence(gamma=1)
+        for p in rng.uniform(0.05, 0.95, size=400):
+            conf.observe("prompt", 4, 1, np.array([p]), verified=1, accepted=int(rng.random() < p))
+        calibrated.append(conf.ece("prompt")[0])
+        floors.append(conf.ece_floor("prompt")[0])
+    assert abs(np.mean(calibrated) - np.mean(floors)) < 0.15 * np.mean(floors)  # the floor is that ECE's mean
+    assert 0.02 < np.mean(floors) < 0.08  # 400 predictions over 18 bins: several percent from label noise alone
+    over = RetrievalConfidence(gamma=1)
+    for p in rng.uniform(0.05, 0.95, size=400):  # served at p, accepted at p / 2
+        over.observe("prompt", 4, 1, np.array([p]), verified=1, accepted=int(rng.random() < p / 2))
+    assert over.ece("prompt")[0] > 3 * over.ece_floor("prompt")[0]
+    assert np.isnan(RetrievalConfidence(gamma=2).ece_floor("corpus")).all()  # nothing scored yet
