@@ -189,12 +189,10 @@ def run(args: argparse.Namespace) -> list[dict]:
                 bar.set_description(f"ab c={concurrency} T={temperature:g}")
                 bar.update(1)
             bar.close()
-            ece = {policy: scrape_retrieval_ece(srv.url) for policy, srv in servers.items()
-                   if is_dspark_policy(policy)}
-            data["retrieval_ece"] = {p: e for p, e in ece.items() if e} or data.get("retrieval_ece")
-            floor = {policy: scrape_retrieval_ece(srv.url, "retrieval_ece_floor") for policy, srv in servers.items()
-                     if is_dspark_policy(policy)}
-            data["retrieval_ece_floor"] = {p: e for p, e in floor.items() if e} or data.get("retrieval_ece_floor")
+            for metric in ("retrieval_ece", "retrieval_ece_floor"):
+                got = {policy: scrape_retrieval_ece(srv.url, metric) for policy, srv in servers.items()
+                       if is_dspark_policy(policy)}
+                data[metric] = {p: e for p, e in got.items() if e} or data.get(metric)
     rows = summarize(rounds, policies)
     _save(out, {"settings": settings, "meta": {**data.get("meta", {}), **meta}, "rounds": rounds, "rows": rows,
                 "sources": source_summary(rounds),

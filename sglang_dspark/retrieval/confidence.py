@@ -120,33 +120,31 @@ class RetrievalConfidence:
             n = count.sum(1)
             gap = np.abs(pred - label).sum(1)
             return [float(g / m) if m else float("nan") for g, m in zip(gap, n)]
-        out = []
-        for pred, label in zip(*self._recent[source]):
-            keep = ~np.isnan(pred)
-            if not keep.any():
-                out.append(float("nan"))
-                continue
-            pred, label = pred[keep], label[keep]
-            bins = np.clip((pred * ECE_BINS).astype(int), 0, ECE_BINS - 1)
-            gap = np.bincount(bins, weights=pred - label, minlength=ECE_BINS)
-            out.append(float(np.abs(gap).sum() / pred.size))
-        return out
+        return self.windowed_ece(source)[0]
 
     def ece_floor(self, source: str) -> list[float]:
         """Per draft position: the ECE a perfectly calibrated predictor would show on the same windowed predictions
         (ece() is biased up by label noise). Under calibration a bin's sum of (prediction - label) has variance
         V_b = sum p (1 - p), so E|sum| ~ sqrt(2 V_b / pi): floor = sum_b sqrt(2 V_b / pi) / n. On 1024 predictions
         spread over the bins that is ~3%: a window's ECE is read against it."""
-        out = []
-        for pred in self._recent[source][0]:
-            pred = pred[~np.isnan(pred)]
-            if not pred.size:
-                out.append(float("nan"))
+        return self.windowed_ece(source)[1]
+
+    def windowed_ece(self, source: str) -> tuple[list[float], list[float]]:
+        """(ece(), ece_floor()) per draft position, in one pass over the window; NaN where nothing was scored."""
+        eces, floors = [], []
+        for pred, label in zip(*self._recent[source]):
+            keep = ~np.isnan(pred)
+            if not keep.any():
+                eces.append(float("nan"))
+                floors.append(float("nan"))
                 continue
+            pred, label = pred[keep], label[keep]
             bins = np.clip((pred * ECE_BINS).astype(int), 0, ECE_BINS - 1)
+            gap = np.bincount(bins, weights=pred - label, minlength=ECE_BINS)
             var = np.bincount(bins, weights=pred * (1 - pred), minlength=ECE_BINS)
-            out.append(float(np.sqrt(2 * var / np.pi).sum() / pred.size))
-        return out
+            eces.append(float(np.abs(gap).sum() / pred.size))
+            floors.append(float(np.sqrt(2 * var / np.pi).sum() / pred.size))
+        return eces, floors
 
     def scored(self, source: str, window: bool = True) -> list[int]:
         """Per draft position: how many served predictions ece() is over."""

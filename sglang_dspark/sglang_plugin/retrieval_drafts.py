@@ -127,11 +127,10 @@ class RetrievalDrafter:
             while len(self._history) > HISTORY_REQUESTS:  # requests that ended without a finish notice
                 self._history.popitem(last=False)
 
-    def ece(self) -> dict[str, list[float]]:
-        return {s: self.conf.ece(s) for s in self.conf.sources}
-
-    def ece_floor(self) -> dict[str, list[float]]:
-        return {s: self.conf.ece_floor(s) for s in self.conf.sources}
+    def ece(self) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        """Per source: the served ECE per position and its label-noise floor (RetrievalConfidence.windowed_ece)."""
+        both = {s: self.conf.windowed_ece(s) for s in self.conf.sources}
+        return {s: e for s, (e, _) in both.items()}, {s: f for s, (_, f) in both.items()}
 
 
 def token_context(req) -> np.ndarray:
