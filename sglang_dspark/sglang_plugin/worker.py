@@ -33,7 +33,7 @@ from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMoni
                                    StepOutcome, make_policy, survival, unmet_floors)
 from sglang_dspark.control.draft_skip import draft_mask
 from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
-from sglang_dspark.control.plain_decode import GATED_POLICIES
+from sglang_dspark.control.plain_decode import GATED_POLICIES, PlainStreak
 from sglang_dspark.control.source_choice import choose_retrieval, proposal_value, skip_drafting
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin import cpu_gemm
@@ -132,6 +132,9 @@ class DSparkExtWorker(BaseSpecWorker):
         # cost-aware controllers may also choose plain decoding for the whole batch (see GATED_POLICIES)
         gated = self.options.plain_decode_fast_path and self.options.controller.split(":")[0] in GATED_POLICIES
         self.plain_gate = PlainDecodeGate() if gated else None
+        # no plan while plans keep verifying nothing (the gate or the policy choosing plain decoding)
+        self.plain_streak = PlainStreak() if self.options.plain_decode_fast_path else None
+        self._batch_rids: set = set()
         self.counters = WorkerCounters()
         self.context_pool: DraftContextPool | None = None
         trace_path = os.environ.get("SGLANG_DSPARK_TRACE_PATH")
@@ -326,16 +329,27 @@ class DSparkExtWorker(BaseSpecWorker):
         stats = StepStats(bs)
 
         fallback = None
-        caps = verify_caps(batch.reqs)
         grammar_rows = batch_grammars(batch.reqs)
+        fast_path = self.options.plain_decode_fast_path and not self.costs.profiling
+        rids = {r.rid for r in batch.reqs}
+        joined, self._batch_rids = not rids <= self._batch_rids, rids
+        unplanned = (fast_path and self.plain_streak is not None and not grammar_rows
+                     and self.plain_streak.skip(self.step_index, joined))
+        if self.sync.flag(unplanned):  # plans kept verifying nothing: no lookups, drafts or plan this step
+            self.retrieval.observe_batch(batch.reqs)
+            stats.drafted, stats.unplanned = [0] * bs, True
+            return self._plain_decode(batch, state, anchors, committed, torch.zeros(bs, dtype=torch.int64), stats,
+                                      None, None, None)
+        caps = verify_caps(batch.reqs)
         retrieval = self._retrieve(batch, caps, grammar_rows)
         active = self._draft_active(state, caps, batch, draft_temps, retrieval)
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
-        fast_path = self.options.plain_decode_fast_path and not self.costs.profiling
         if self.sync.flag(fast_path and len(active) == 0 and not grammar_rows and retrieval is None):  # nothing
             # drafted or forced (on rank 0: every TP rank takes the same path)
+            if self.plain_streak is not None:
+                self.plain_streak.observe(self.step_index, 0)
             return self._plain_decode(batch, state, anchors, committed, torch.zeros(bs, dtype=torch.int64), stats,
                                       None, None, None)
         prof = self.profiler is not None
@@ -406,6 +420,8 @@ class DSparkExtWorker(BaseSpecWorker):
                                                 int(committed.sum()))
         if fallback is None:
             self.probe_gate.observe(self.step_index, len(active), int(useful.sum()))
+        if self.plain_streak is not None:
+            self.plain_streak.observe(self.step_index, int(verify_lens.sum()))
         # (while profiling the verify cost curve, l = 0 steps are verify samples too: T = R anchors the fit)
         if self.sync.flag(fast_path and int(verify_lens.sum()) == 0):
             return self._plain_decode(batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits,

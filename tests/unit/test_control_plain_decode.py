@@ -57,3 +57,54 @@ def test_kappa_learns_verify_steps_several_times_the_profile():
     for _ in range(60):
         gate.observe_verify(measured_s=0.060, predicted_verify_s=0.020)
     assert abs(gate.kappa - 3.0) < 1e-3
+
+
+def _run_streak(streak, verified_at, steps, joins=()):
+    """Drive a PlainStreak like the worker: returns the steps that planned. verified_at: planned steps whose plan
+    verifies something."""
+    planned = []
+    for step in range(steps):
+        if streak.skip(step, joined=step in joins):
+            continue
+        planned.append(step)
+        streak.observe(step, 3 if step in verified_at else 0)
+    return planned
+
+
+def test_streak_plans_every_step_while_plans_verify():
+    from sglang_dspark.control.plain_decode import PlainStreak
+
+    streak = PlainStreak()
+    assert _run_streak(streak, verified_at=set(range(50)), steps=50) == list(range(50))
+    assert streak.skipped == 0
+
+
+def test_streak_backs_off_after_quiet_plans_then_ends_on_a_verifying_probe():
+    from sglang_dspark.control.plain_decode import PlainStreak
+
+    streak = PlainStreak(quiet_after=4, first=4, max_gap=32)
+    planned = _run_streak(streak, verified_at=set(), steps=200)
+    # 4 quiet plans (0-3), then probes 4, 8, 16, 32, 32 ... steps apart
+    assert planned[:4] == [0, 1, 2, 3]
+    gaps = [b - a for a, b in zip(planned[3:], planned[4:])]
+    assert gaps[:4] == [4, 8, 16, 32] and set(gaps[4:]) == {32}, planned
+    assert streak.skipped == 200 - len(planned)
+
+    # a probe that verifies something: planning every step again
+    streak = PlainStreak(quiet_after=4, first=4, max_gap=32)
+    planned = _run_streak(streak, verified_at={15}, steps=40)
+    assert planned[:7] == [0, 1, 2, 3, 7, 15, 16], planned
+    assert planned[6:10] == [16, 17, 18, 19], "after a verifying probe the next quiet_after steps plan"
+
+
+def test_a_joining_request_brings_the_probe_forward():
+    from sglang_dspark.control.plain_decode import PlainStreak
+
+    streak = PlainStreak(quiet_after=4, first=4, max_gap=32)
+    planned = _run_streak(streak, verified_at=set(), steps=120)
+    last = planned[-1]  # now probing 32 steps apart
+    assert planned[-1] - planned[-2] == 32
+    streak2 = PlainStreak(quiet_after=4, first=4, max_gap=32)
+    planned2 = _run_streak(streak2, verified_at=set(), steps=last + 10, joins={last + 1})
+    assert last + 4 in planned2, "a request joining after the last plan is probed first steps after it"
+    assert last + 1 not in planned2
