@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .base import survival
+from .draft_skip import PROBE_FIRST, PROBE_MAX_GAP
 
 # Policies whose verify plans the gate may replace by plain decoding (fixed / threshold keep their lengths exactly:
 # they are what A/B measurements ask for).
@@ -89,10 +90,9 @@ class PlainStreak:
     joining the batch brings the next probe forward to `first` steps after the last plan (a new prompt may copy
     well). A probe that verifies anything ends the streak."""
 
-    def __init__(self, quiet_after: int = 4, first: int = 4, max_gap: int = 32):
+    def __init__(self, quiet_after: int = 4, first: int = PROBE_FIRST, max_gap: int = PROBE_MAX_GAP):
         self.quiet_after, self.first, self.max_gap = quiet_after, first, max_gap
         self.quiet = 0  # planned steps in a row that verified nothing
-        self.gap = first
         self.last_plan = -1
         self.next_plan = 0
         self.skipped = 0  # steps decoded plainly without a plan (for logs and tests)
@@ -112,9 +112,9 @@ class PlainStreak:
         """A planned step: how many drafts it verified (0 when the gate or the policy chose plain decoding)."""
         self.last_plan = step
         if verified_tokens > 0:
-            self.quiet, self.gap, self.next_plan = 0, self.first, 0
+            self.quiet, self.next_plan = 0, 0
             return
         self.quiet += 1
-        if self.quiet >= self.quiet_after:
-            self.next_plan = step + self.gap
-            self.gap = min(2 * self.gap, self.max_gap)
+        backoffs = self.quiet - self.quiet_after  # probes so far in this streak: the gap doubles with each
+        if backoffs >= 0:
+            self.next_plan = step + min(self.first << min(backoffs, self.max_gap.bit_length()), self.max_gap)
