@@ -193,10 +193,12 @@ def run(args: argparse.Namespace) -> list[dict]:
                 got = {policy: scrape_retrieval_ece(srv.url, metric) for policy, srv in servers.items()
                        if is_dspark_policy(policy)}
                 data[metric] = {p: e for p, e in got.items() if e} or data.get(metric)
+            got = {policy: scrape_step_counts(srv.url) for policy, srv in servers.items() if is_dspark_policy(policy)}
+            data["step_counts"] = {p: c for p, c in got.items() if c} or data.get("step_counts")
     rows = summarize(rounds, policies)
     _save(out, {"settings": settings, "meta": {**data.get("meta", {}), **meta}, "rounds": rounds, "rows": rows,
                 "sources": source_summary(rounds),
-                **{k: data[k] for k in ("retrieval_ece", "retrieval_ece_floor") if data.get(k)}})
+                **{k: data[k] for k in ("retrieval_ece", "retrieval_ece_floor", "step_counts") if data.get(k)}})
     print(markdown_table(rows, ["policy", "reference", "temperature", "concurrency", "rounds", "ratio", "lo95",
                                 "hi95", "tok_s_mean", "reference_tok_s_mean"]))
     if not args.no_plots and rows:
@@ -241,6 +243,26 @@ def scrape_retrieval_ece(url: str, metric: str = "retrieval_ece") -> dict[str, d
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
         out.setdefault(labels.get("source", "?"), {})[labels.get("position", "?")] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+STEP_COUNTERS = ("batch_steps", "plain_decode_steps", "unplanned_steps")
+
+
+def scrape_step_counts(url: str) -> dict[str, float]:
+    """A server's decode batch steps since it started (warm-up included): all of them, those that ran as plain
+    decoding, and those of them taken without building a plan (the plain streak). Empty when metrics are off."""
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    except Exception:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in STEP_COUNTERS:
+            if line.startswith(f"sglang:dspark_{name}_total"):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 

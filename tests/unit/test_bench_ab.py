@@ -62,6 +62,22 @@ def test_scrape_retrieval_ece_reads_the_gauge(monkeypatch):
     assert scrape_retrieval_ece("http://x") == {}
 
 
+def test_scrape_step_counts_sums_the_step_counters(monkeypatch):
+    import io
+    import urllib.request
+
+    from sglang_dspark.bench.ab import scrape_step_counts
+
+    text = ('sglang:dspark_batch_steps_total{model_name="m"} 40.0\n'
+            'sglang:dspark_batch_steps_created{model_name="m"} 1.7e9\n'
+            'sglang:dspark_plain_decode_steps_total{model_name="m"} 30.0\n'
+            'sglang:dspark_unplanned_steps_total{model_name="m"} 25.0\n'
+            'sglang:dspark_verify_steps_total{model_name="m"} 99.0\n')
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: io.BytesIO(text.encode()))
+    assert scrape_step_counts("http://x") == {"batch_steps": 40.0, "plain_decode_steps": 30.0,
+                                              "unplanned_steps": 25.0}
+
+
 def test_prompt_plan_gives_every_round_and_the_warm_up_prompts_of_their_own():
     from sglang_dspark.bench.ab import WARM_PROMPTS, per_round, prompt_plan
 
