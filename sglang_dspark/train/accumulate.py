@@ -1,7 +1,8 @@
 """`train continue --budget-min N`: one more round of training on fresh data, inside a time budget.
 
 Feature caches are large and do not travel between machines; the drafter (a few tens of MB) and two small files
-next to it do: `training/cursor.json` (how far into the interleaved training prompts earlier rounds have read) and
+next to it do: `training/cursor.json` (how far into the training pool earlier rounds have read: the interleaved
+prompt files, then the procedural prompts of train/procedural.py) and
 `training/curve.jsonl` (one row per round: blocks and CPU-hours so far, tau, ECE, shipped or not). A round:
 
   data      the next prompts after the cursor, as text (`--data-mode text`, cheap) or regenerated greedily by the
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
     from ..drafter import DSparkConfig
     from .__main__ import main as train_main
     from .extra_text import write_text_conversations
-    from .generate import DEFAULT_SOURCES, _load_prompt_rows
+    from .generate import TRAIN_POOL, _load_prompt_rows
 
     r = Round(args)
     if "eval" not in r.state:  # the round keeps the settings it started with
@@ -200,13 +201,14 @@ def run(args: argparse.Namespace) -> dict:
         return r.state["results"]["capture"]["holdout_fraction"]
 
     def data_stage():
-        rows = _load_prompt_rows(DEFAULT_SOURCES)
+        rows = _load_prompt_rows(TRAIN_POOL)
         per_prompt_s = prompt_seconds(read_curve(args.drafter), args.data_mode)
         n = min(len(rows), args.prompts or max(8, int(SHARES["data"] * budget_s / per_prompt_s)))
         start = r.state["cursor"] % len(rows)
         take = rows[start: start + n]  # the last round before the wrap takes what is left
         if args.data_mode == "generate":
-            train_main(["generate", "--target", args.target, "--out", str(data), "--offset", str(start),
+            train_main(["generate", "--target", args.target, "--out", str(data), "--sources", *TRAIN_POOL,
+                        "--offset", str(start),
                         "--limit", str(len(take)), "--temperature", "0", "--max-new-tokens", "256", "--batch", "32",
                         "--dtype", "float32" if dtype == "fp32" else "bfloat16"])
         else:
@@ -254,7 +256,7 @@ def run(args: argparse.Namespace) -> dict:
         for name in ("draft_vocab.safetensors", "retrieval_confidence.json"):
             if (Path(args.drafter) / name).exists():
                 shutil.copy(Path(args.drafter) / name, cand / name)
-        rows = _load_prompt_rows(DEFAULT_SOURCES)
+        rows = _load_prompt_rows(TRAIN_POOL)
         start = r.state["results"]["data"]["cursor_to"]
         prompts = r.work / "sts_prompts.jsonl"
         n_sts = min(args.sts_prompts, len(rows))

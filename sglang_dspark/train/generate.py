@@ -15,6 +15,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 DEFAULT_SOURCES = ["arena-hard-v2", "livecodebench", "lbpp", "swe-bench", "aime24", "aime25"]
+# what `train continue` walks with its cursor: the files, then prompts of the eval sets' kinds made here
+TRAIN_POOL = DEFAULT_SOURCES + ["proc-math", "proc-code", "proc-chat"]
 MAX_PROMPT_CHARS = 2000  # long prompts (swe-bench) cost CPU prefill time; the drafter learns from responses
 
 
@@ -22,7 +24,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target HF dir (default: embedded model)")
     p.add_argument("--out", default="runs/data/generated.jsonl")
     p.add_argument("--sources", nargs="+", default=DEFAULT_SOURCES,
-                   help="names under shared/data/train or JSONL paths")
+                   help="names under shared/data/train, JSONL paths, or proc-math / proc-code / proc-chat (made here, "
+                        "train/procedural.py)")
     p.add_argument("--limit", type=int, default=None, help="max prompts in total (interleaved over sources)")
     p.add_argument("--offset", type=int, default=0, help="skip this many prompts of the interleaved list first")
     p.add_argument("--max-new-tokens", type=int, default=384)
@@ -42,8 +45,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_prompt_rows(sources: list[str]) -> list[tuple[str, str, str]]:
+    """(id, source, prompt) of the prompt files, interleaved; then the procedural sources named (train/procedural.py),
+    interleaved among themselves, so adding them leaves the files' positions, and so the cursor, where they were."""
     from sglang_dspark.bench.prompts import data_root
 
+    from . import procedural
+
+    made = [s for s in sources if s in procedural.SOURCES]
+    sources = [s for s in sources if s not in procedural.SOURCES]
     per_source = []
     for src in sources:
         path = Path(src) if src.endswith(".jsonl") else data_root() / "train" / f"{src}.jsonl"
@@ -56,9 +65,9 @@ def _load_prompt_rows(sources: list[str]) -> list[tuple[str, str, str]]:
         per_source.append(rows)
     # Interleave so a --limit run still covers every domain.
     out = []
-    for i in range(max(len(r) for r in per_source)):
+    for i in range(max((len(r) for r in per_source), default=0)):
         out.extend(r[i] for r in per_source if i < len(r))
-    return out
+    return out + (procedural.rows(tuple(made)) if made else [])
 
 
 def run(args: argparse.Namespace) -> None:
