@@ -279,7 +279,8 @@ def run(args: argparse.Namespace) -> dict:
                          str(args.eval_limit), "--max-new-tokens", str(args.eval_tokens), "--temperature", "0",
                          "--dtype", dtype, "--json", str(r.work / f"{name}_T0.json")])
         return {"tau": rep["tau"], "tau_by_dataset": rep["tau_by_dataset"], "ece_sts": rep.get("ece_sts"),
-                "worst_ece": worst_position_ece(rep)}
+                "worst_ece": worst_position_ece(rep), "ece_by_position": rep.get("ece_sts_by_position"),
+                "ece_floor_by_position": rep.get("ece_sts_floor_by_position")}
 
     def baseline_stage():
         """The first round measures the drafter in place on the same prompts, so the first candidate must beat it."""
@@ -315,7 +316,8 @@ def run(args: argparse.Namespace) -> dict:
                "cursor": res["data"]["cursor_to"], "blocks": prev["blocks"] + blocks,
                "cpu_hours": round(prev["cpu_hours"] + spent_h, 5), "tau": res["eval"]["tau"],
                "tau_by_dataset": res["eval"]["tau_by_dataset"], "worst_ece": res["eval"]["worst_ece"],
-               "eval": settings,
+               "ece_by_position": res["eval"].get("ece_by_position"),
+               "ece_floor_by_position": res["eval"].get("ece_floor_by_position"), "eval": settings,
                "fit_steps": res["fit"]["fit_steps"], "fit_seconds": res["fit"]["fit_seconds"],
                "prompts": res["data"]["prompts"],
                "data_seconds": round(res["data"]["seconds"] + res["capture"]["seconds"], 1),
@@ -338,6 +340,8 @@ def run(args: argparse.Namespace) -> dict:
         kept = r.work.with_name(r.work.name + "-candidate")
         shutil.rmtree(kept, ignore_errors=True)
         shutil.move(str(r.work / "candidate"), kept)
+        for report in r.work.glob("*_T*.json"):  # its eval and STS-fit reports: per-dataset, per-position detail
+            shutil.copy(report, kept / f"report_{report.name}")
         print(f"[continue] the candidate is kept in {kept}")
     shutil.rmtree(r.work, ignore_errors=True)  # the round is recorded; its caches are not reused
     return result

@@ -107,17 +107,14 @@ def stdlib_functions() -> tuple[tuple[str, str, str, str], ...]:
 
 
 def _code(rng: random.Random) -> str:
+    # function completion from a signature and docstring, as humaneval asks: a first round that also asked for
+    # prose ("write a function that ...", "implement and explain") lowered humaneval tau 1.58 -> 1.48 (2026-12-03)
     funcs = stdlib_functions()
     module, fn, header, doc = funcs[rng.randrange(len(funcs))]
     doc = textwrap.indent(doc, "    ").lstrip()
-    style = rng.randrange(3)
-    if style == 0:
-        return f'Complete the following Python function.\n\n```python\n{header}\n    """{doc}\n    """\n```'
-    if style == 1:
-        first = doc.split("\n\n", 1)[0].replace("\n    ", " ")
-        return f"Write a Python function `{fn}` ({header[len('def '):].rstrip(':')}). {first}"
-    return (f'Implement this function from a module like `{module}`, with a short explanation.\n\n```python\n'
-            f'{header}\n    """{doc}\n    """\n```')
+    ask = rng.choice(("Complete the following Python function.", "Complete the following Python code.",
+                      f"Complete this function from a module like `{module}`. Return the whole function."))
+    return f'{ask}\n\n```python\n{header}\n    """{doc}\n    """\n```'
 
 
 TOPICS = ("a rainy day in a small town", "learning to ride a bicycle", "the first day at a new job", "a lost cat",
