@@ -29,13 +29,14 @@ fit() {  # $1 = arm name, $2 = Markov rank
 }
 fit dspark 32 & fit dflash 0 & wait
 
+ckpt() { echo "$WORK/$1/$(cat "$WORK/$1/latest")"; }  # `latest` names the newest step folder
 for ARM in dspark dflash; do  # both propose from the shipped reduced vocabulary
-  cp "$SHIP/draft_vocab.safetensors" "$WORK/$ARM/latest/"
+  cp "$SHIP/draft_vocab.safetensors" "$(ckpt $ARM)/"
 done
 for T in 1 0; do
   for ARM in dspark dflash; do
     [ -s "$WORK/${ARM}_T$T.json" ] || OMP_NUM_THREADS=1 $PY -m sglang_dspark.eval_acceptance --target $TARGET \
-        --drafter "$WORK/$ARM/latest" --limit "$LIMIT" --max-new-tokens "$TOKENS" --temperature $T \
+        --drafter "$(ckpt $ARM)" --limit "$LIMIT" --max-new-tokens "$TOKENS" --temperature $T \
         --json "$WORK/${ARM}_T$T.json" &
   done
   wait
