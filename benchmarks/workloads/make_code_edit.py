@@ -14,8 +14,8 @@ import json
 import textwrap
 from pathlib import Path
 
-MODULES = ("textwrap", "shlex", "fnmatch", "posixpath", "glob", "colorsys", "bisect", "heapq", "calendar",
-           "difflib", "string", "base64", "quopri", "csv", "json.encoder", "json.decoder", "gettext", "statistics")
+from sglang_dspark.bench.prompts import CODE_EDIT_MODULES as MODULES
+
 INSTRUCTIONS = (
     "Add type hints to this Python function. Return the whole function and nothing else.",
     "Add a docstring to this Python function. Return the whole function and nothing else.",

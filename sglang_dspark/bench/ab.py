@@ -227,16 +227,22 @@ def source_summary(rounds: list[dict]) -> list[dict]:
     return out
 
 
+def _metrics_text(url: str) -> str:
+    """A server's Prometheus exposition text; empty when it does not answer (metrics off, server gone)."""
+    import urllib.request
+
+    try:
+        return urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    except Exception:
+        return ""
+
+
 def scrape_retrieval_ece(url: str, metric: str = "retrieval_ece") -> dict[str, dict[str, float]]:
     """{source: {position: ECE}} from a server's /metrics (empty when it exports none, e.g. metrics off);
     metric="retrieval_ece_floor": the same windows' noise floor."""
     import re
-    import urllib.request
 
-    try:
-        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    except Exception:
-        return {}
+    text = _metrics_text(url)
     out: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if not line.startswith(f"sglang:dspark_{metric}{{"):
@@ -252,12 +258,7 @@ STEP_COUNTERS = ("batch_steps", "plain_decode_steps", "unplanned_steps")
 def scrape_step_counts(url: str) -> dict[str, float]:
     """A server's decode batch steps since it started (warm-up included): all of them, those that ran as plain
     decoding, and those of them taken without building a plan (the plain streak). Empty when metrics are off."""
-    import urllib.request
-
-    try:
-        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    except Exception:
-        return {}
+    text = _metrics_text(url)
     out: dict[str, float] = {}
     for line in text.splitlines():
         for name in STEP_COUNTERS:

@@ -23,6 +23,11 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     return [text for text, _ in load_requests(path, limit)]
 
 
+# standard-library modules the code-editing workload (benchmarks/workloads/make_code_edit.py) takes its functions
+# from; training prompts (train/procedural.py) never use them
+CODE_EDIT_MODULES = ("textwrap", "shlex", "fnmatch", "posixpath", "glob", "colorsys", "bisect", "heapq", "calendar",
+                     "difflib", "string", "base64", "quopri", "csv", "json.encoder", "json.decoder", "gettext",
+                     "statistics")
 REQUEST_FIELDS = ("response_format",)  # per-prompt OpenAI request fields a JSONL row may carry
 
 

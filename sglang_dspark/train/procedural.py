@@ -17,6 +17,8 @@ import inspect
 import random
 import textwrap
 
+from ..bench.prompts import CODE_EDIT_MODULES
+
 SOURCES = ("proc-math", "proc-code", "proc-chat")
 PER_SOURCE = 3000  # pool size per source; the index space is larger, the pool is what the cursor walks
 
@@ -73,10 +75,7 @@ CODE_MODULES = ("urllib.parse", "email.utils", "ipaddress", "fractions", "config
                 "ast", "argparse", "locale", "smtplib", "imaplib", "ftplib", "plistlib", "uuid", "numbers",
                 "operator", "codecs", "collections", "enum", "typing", "string.templatelib", "tomllib._parser",
                 "importlib.metadata", "json.tool", "http.cookies", "http.client", "xml.dom.minidom", "zipimport")
-# benchmarks/workloads/make_code_edit.py builds the code-editing benchmark from these: never train on them
-HELD_OUT_MODULES = ("textwrap", "shlex", "fnmatch", "posixpath", "glob", "colorsys", "bisect", "heapq", "calendar",
-                    "difflib", "string", "base64", "quopri", "csv", "json.encoder", "json.decoder", "gettext",
-                    "statistics")
+HELD_OUT_MODULES = CODE_EDIT_MODULES  # the code-editing benchmark's: never trained on
 
 
 @functools.lru_cache(maxsize=1)
