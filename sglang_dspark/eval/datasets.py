@@ -35,6 +35,24 @@ def load_prompts(path: str, limit: int = 0, exclude: set[str] | frozenset = froz
     return turns
 
 
+BENCH_ROWS = 32  # the served benchmarks' eval mix reads each set's first rows in file order (bench/prompts.py)
+
+
+def calibration_prompts(path: str, n: int, eval_limit: int, bench_rows: int = BENCH_ROWS) -> list[str]:
+    """A dev slice of an eval set for fitting calibration: n prompts that neither the acceptance eval (the first
+    `eval_limit` of the shuffled order, see load_prompts) nor the served benchmarks (the first `bench_rows` rows)
+    use, taken from the end of the shuffled order so that they do not depend on eval_limit."""
+    with open(path) as f:
+        turns = [json.loads(line)["turns"][0] for line in f if line.strip()]
+    taken = set(turns[:bench_rows]) | set(load_prompts(path, eval_limit) if eval_limit else turns)
+    order = list(turns)
+    random.Random(SHUFFLE_SEED).shuffle(order)
+    free = [t for t in reversed(order) if t not in taken]
+    if len(free) < n:
+        raise ValueError(f"{path}: only {len(free)} prompts outside the eval and benchmark slices, {n} wanted")
+    return free[:n]
+
+
 def dataset_name(path: str) -> str:
     return Path(path).stem
 

@@ -10,8 +10,9 @@ prompt files, then the procedural prompts of train/procedural.py) and
   capture   target features for them (the drafter's feature layers), then the target's top-k statistics
   fit       from the current drafter's weights, a fresh cosine schedule sized to the fit share of the budget
   calibrate STS fitted on free-running speculative decoding (`eval_acceptance --fit-sts`, as the server drafts) of
-            the next `--sts-prompts` training prompts after the round's, which no round has trained on yet; greedy
-            and sampled sets, into the candidate's sts.json (teacher-forced fits left 4-6% ECE at position 1)
+            `--sts-prompts` prompts: by default a dev slice of the eval sets that eval never measures
+            (`--sts-set eval-dev`), else the training prompts after the round's (`pool`); greedy and sampled sets,
+            into the candidate's sts.json (teacher-forced fits left 4-6% ECE at position 1)
   eval      `eval_acceptance` (T = 0, gamma = the block size) on the eval prompt sets, the same prompts every round
   ship      only if its tau beats the shipped drafter's last recorded tau and the worst position's ECE stays <= 3%
 
@@ -62,9 +63,31 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "dot product (AMX: capture 3.5x faster than fp32), fp32 elsewhere (~4x faster than bf16 "
                         "on AVX2-only CPUs)")
     p.add_argument("--sts-prompts", type=int, default=STS_PROMPTS,
-                   help="unseen training prompts the candidate's STS is fitted on (per regime)")
+                   help="prompts the candidate's STS is fitted on (per regime), see --sts-set")
+    p.add_argument("--sts-set", choices=["eval-dev", "pool"], default="eval-dev",
+                   help="what the STS is fitted on: a dev slice of the eval sets disjoint from the measured prompts "
+                        "(default), or the unseen training-pool prompts after the round's")
     p.add_argument("--max-epochs", type=float, default=MAX_EPOCHS,
                    help="cap on the fit's passes over the round's training samples")
+
+
+def sts_prompt_turns(args, cursor: int) -> list[str]:
+    """The prompts a candidate's STS is fitted on. `eval-dev`: a dev slice of each eval set, disjoint from the
+    prompts τ and ECE are measured on (eval/datasets.py calibration_prompts). `pool`: the training prompts after
+    the round's, unseen by every round so far; since the cursor passed the prompt files these are procedural, on
+    which the drafter is surer than on the eval sets (an STS fitted there left position 1 at 9-10% ECE on them,
+    the raw head at 2.9%)."""
+    if args.sts_set == "eval-dev":
+        from ..eval.datasets import calibration_prompts, default_datasets
+
+        paths = default_datasets()
+        per = math.ceil(args.sts_prompts / len(paths))
+        sets = [calibration_prompts(p, per, args.eval_limit) for p in paths]
+        return [t for group in zip(*sets) for t in group][: args.sts_prompts]
+    from .generate import TRAIN_POOL, _load_prompt_rows
+
+    rows = _load_prompt_rows(TRAIN_POOL)
+    return [rows[(cursor + i) % len(rows)][2] for i in range(min(args.sts_prompts, len(rows)))]
 
 
 def training_dir(drafter: str) -> Path:
@@ -256,13 +279,12 @@ def run(args: argparse.Namespace) -> dict:
         for name in ("draft_vocab.safetensors", "retrieval_confidence.json"):
             if (Path(args.drafter) / name).exists():
                 shutil.copy(Path(args.drafter) / name, cand / name)
-        rows = _load_prompt_rows(TRAIN_POOL)
-        start = r.state["results"]["data"]["cursor_to"]
         prompts = r.work / "sts_prompts.jsonl"
-        n_sts = min(args.sts_prompts, len(rows))
-        with open(prompts, "w") as f:  # the prompts after this round's: unseen by every round so far
-            for i in range(n_sts):
-                f.write(json.dumps({"turns": [rows[(start + i) % len(rows)][2]]}) + "\n")
+        turns = sts_prompt_turns(args, r.state["results"]["data"]["cursor_to"])
+        with open(prompts, "w") as f:
+            for turn in turns:
+                f.write(json.dumps({"turns": [turn]}) + "\n")
+        n_sts = len(turns)
         fitted = {}
         for t in ("0", "1"):  # greedy set, then the sampled set with greedy drafts (the served default at T > 0)
             rep = eval_main(["--target", args.target, "--drafter", str(cand), "--dataset", str(prompts),
@@ -270,7 +292,7 @@ def run(args: argparse.Namespace) -> dict:
                              "0", "--dtype", dtype, "--fit-sts", str(cand / "sts.json"),
                              "--json", str(r.work / f"sts_T{t}.json")])
             fitted[t] = rep["fitted_sts"].get("ece_sts")
-        return {"candidate": str(cand), "sts_prompts": n_sts, "sts_fit_ece": fitted}
+        return {"candidate": str(cand), "sts_prompts": n_sts, "sts_set": args.sts_set, "sts_fit_ece": fitted}
 
     def evaluate(drafter: str, name: str) -> dict:
         from ..eval_acceptance import main as eval_main

@@ -129,3 +129,39 @@ def test_an_interrupted_round_resumes_at_its_stage(tiny, monkeypatch):
     kept = root / "work2-candidate"  # a rejected candidate is kept, with the STS fitted free-running for it
     sts = json.loads((kept / "sts.json").read_text())
     assert "temperatures" in sts and "temperatures_sampled" in sts and (kept / "model.safetensors").exists()
+
+
+def _prompt_file(path, n):
+    path.write_text("".join(json.dumps({"turns": [f"{path.stem} prompt {i}"]}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def test_calibration_prompts_avoid_the_measured_and_benchmarked_slices(tmp_path):
+    from sglang_dspark.eval.datasets import calibration_prompts, load_prompts
+
+    path = _prompt_file(tmp_path / "set.jsonl", 60)
+    dev = calibration_prompts(path, 8, eval_limit=20, bench_rows=10)
+    measured = set(load_prompts(path, 20))
+    assert len(set(dev)) == 8 and not set(dev) & measured
+    assert not set(dev) & {f"set prompt {i}" for i in range(10)}
+    assert calibration_prompts(path, 8, eval_limit=5, bench_rows=10) == dev  # not tied to the eval's size
+    with pytest.raises(ValueError, match="outside the eval and benchmark slices"):
+        calibration_prompts(path, 40, eval_limit=20, bench_rows=10)
+
+
+def test_sts_prompts_come_from_the_eval_dev_slices_or_the_pool(tmp_path, monkeypatch):
+    import argparse
+
+    from sglang_dspark.eval import datasets
+
+    paths = [_prompt_file(tmp_path / f"{name}.jsonl", 60) for name in ("a", "b", "c")]
+    monkeypatch.setattr(datasets, "default_datasets", lambda: paths)
+    p = argparse.ArgumentParser()
+    accumulate.add_args(p)
+    args = p.parse_args(["--budget-min", "1", "--sts-prompts", "7", "--eval-limit", "20"])
+    turns = accumulate.sts_prompt_turns(args, cursor=0)
+    assert len(turns) == 7 and len(set(turns)) == 7
+    assert not set(turns) & set(datasets.load_prompts(paths[0], 20))
+    pool = accumulate.sts_prompt_turns(p.parse_args(["--budget-min", "1", "--sts-prompts", "3", "--sts-set", "pool"]),
+                                       cursor=5)
+    assert len(pool) == 3 and not set(pool) & set(turns)
