@@ -341,7 +341,7 @@ def run(args: argparse.Namespace) -> dict:
                "ece_by_position": res["eval"].get("ece_by_position"),
                "ece_floor_by_position": res["eval"].get("ece_floor_by_position"), "eval": settings,
                "fit_steps": res["fit"]["fit_steps"], "fit_seconds": res["fit"]["fit_seconds"],
-               "prompts": res["data"]["prompts"],
+               "prompts": res["data"]["prompts"], "sts_set": res["calibrate"].get("sts_set", "pool"),
                "data_seconds": round(res["data"]["seconds"] + res["capture"]["seconds"], 1),
                "shipped": ok, "why": why}
         if ok:

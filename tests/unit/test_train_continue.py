@@ -77,6 +77,7 @@ def test_two_rounds_accumulate_on_fresh_prompts(tiny, monkeypatch):
     assert [r.get("cursor") for r in curve] == [None, 6, 12]
     assert curve[2]["blocks"] > curve[1]["blocks"] and curve[2]["cpu_hours"] > curve[1]["cpu_hours"]
     assert curve[1]["prompts"] == 6 and curve[1]["data_seconds"] > 0
+    assert curve[1]["sts_set"] == "eval-dev"  # the STS was fitted on the eval sets' dev slice
     assert accumulate.prompt_seconds(curve, "text") == pytest.approx(curve[2]["data_seconds"] / 6)
     assert accumulate.prompt_seconds(curve, "generate") == accumulate.DEFAULT_PROMPT_SECONDS["generate"]
     assert second == curve[2]
