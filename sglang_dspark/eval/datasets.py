@@ -42,8 +42,7 @@ def calibration_prompts(path: str, n: int, eval_limit: int, bench_rows: int = BE
     """A dev slice of an eval set for fitting calibration: n prompts that neither the acceptance eval (the first
     `eval_limit` of the shuffled order, see load_prompts) nor the served benchmarks (the first `bench_rows` rows)
     use, taken from the end of the shuffled order so that they do not depend on eval_limit."""
-    with open(path) as f:
-        turns = [json.loads(line)["turns"][0] for line in f if line.strip()]
+    turns = load_prompts(path)  # file order
     taken = set(turns[:bench_rows]) | set(load_prompts(path, eval_limit) if eval_limit else turns)
     order = list(turns)
     random.Random(SHUFFLE_SEED).shuffle(order)

@@ -284,7 +284,6 @@ def run(args: argparse.Namespace) -> dict:
         with open(prompts, "w") as f:
             for turn in turns:
                 f.write(json.dumps({"turns": [turn]}) + "\n")
-        n_sts = len(turns)
         fitted = {}
         for t in ("0", "1"):  # greedy set, then the sampled set with greedy drafts (the served default at T > 0)
             rep = eval_main(["--target", args.target, "--drafter", str(cand), "--dataset", str(prompts),
@@ -292,7 +291,7 @@ def run(args: argparse.Namespace) -> dict:
                              "0", "--dtype", dtype, "--fit-sts", str(cand / "sts.json"),
                              "--json", str(r.work / f"sts_T{t}.json")])
             fitted[t] = rep["fitted_sts"].get("ece_sts")
-        return {"candidate": str(cand), "sts_prompts": n_sts, "sts_set": args.sts_set, "sts_fit_ece": fitted}
+        return {"candidate": str(cand), "sts_prompts": len(turns), "sts_set": args.sts_set, "sts_fit_ece": fitted}
 
     def evaluate(drafter: str, name: str) -> dict:
         from ..eval_acceptance import main as eval_main
