@@ -1,4 +1,5 @@
-"""Small-M bf16 GEMM for x86 CPUs without bf16 dot products (csrc/bf16_small_m_gemm.c), with a torch fallback.
+"""Small-M bf16 GEMMs for x86 CPUs, with a torch fallback: csrc/bf16_small_m_gemm.c for CPUs without bf16 dot
+products, csrc/bf16_small_m_gemm_dp.c for CPUs with AVX512-BF16 (bf16 inputs, vdpbf16ps).
 
 torch's bf16 CPU GEMM on an AVX2-only CPU costs in proportion to its rows (BENCHMARKS.md, "CPU GEMM kernel"):
 the embedded model's lm_head takes 14 ms for one row and 107 ms for eight. One row already streams the weights at
@@ -10,6 +11,12 @@ second) into the user cache, keyed by the source's hash, and called through ctyp
 torch already loaded (same soname), so it shares torch's thread pool rather than racing a second one for the cores.
 Where it cannot be built (no AVX2/FMA, no compiler, not x86 Linux) `load()` says why and `small_m_linear` runs
 torch's F.linear.
+
+On CPUs with AVX512-BF16 torch's bf16 GEMM (oneDNN) is native but still not flat in the row count: on a 2-core
+EPYC Zen 4 the embedded model's linear layers took 82-91 ms for one row and 99-112 ms for eight, weights streamed
+from memory. The dp kernel reads each weight tile once for up to 4 rows of bf16 input and multiplies with
+vdpbf16ps: 63-65 ms for one row, 82 ms for eight (benchmarks/cpu_gemm_dp.py). `small_m_linear` takes it for bf16
+inputs where `load_dp()` builds it.
 """
 
 from __future__ import annotations
@@ -36,8 +43,14 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma")
 DISABLE_ENV = "SGLANG_DSPARK_NO_CPU_KERNELS"  # any non-empty value: never build or load (the torch path runs)
 CACHE_DIR = Path(os.environ.get("SGLANG_DSPARK_CACHE", Path.home() / ".cache" / "sglang_dspark")) / "kernels"
 
+DP_SOURCE = "bf16_small_m_gemm_dp.c"
+DP_CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
+DP_REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
+
 _loaded: tuple[object | None, str] | None = None  # (ctypes function or None, reason)
 _build_id = ""
+_loaded_dp: tuple[object | None, str] | None = None
+_dp_build_id = ""
 
 
 def _cpu_flags() -> set[str]:
@@ -49,77 +62,99 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[1].split()) if ":" in line else set()
 
 
-def _source_text() -> str:
-    return resources.files("kernels").joinpath("csrc", SOURCE).read_text()
+def _source_text(name: str = SOURCE) -> str:
+    return resources.files("kernels").joinpath("csrc", name).read_text()
 
 
-def _compile(src: str, out: Path) -> None:
+def _compile(src: str, out: Path, name: str = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> None:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        c_path = Path(tmp) / SOURCE
+        c_path = Path(tmp) / name
         c_path.write_text(src)
         so_tmp = Path(tmp) / out.name
-        proc = subprocess.run([cc, *CFLAGS, "-o", str(so_tmp), str(c_path)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *cflags, "-o", str(so_tmp), str(c_path)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(so_tmp, out)  # atomic: concurrent builders (tests, TP ranks) never load a half-written file
 
 
+def _build(name: str, cflags: tuple[str, ...], required: tuple[str, ...], symbol: str, argtypes: list):
+    """(ctypes function, digest, "") or (None, "", why not): compiled into the cache once per source and flags."""
+    if os.environ.get(DISABLE_ENV):
+        return None, "", f"disabled by {DISABLE_ENV}"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None, "", f"x86-64 Linux only (this is {platform.system()} {platform.machine()})"
+    if missing := [f for f in required if f not in _cpu_flags()]:
+        return None, "", f"the CPU lacks {', '.join(missing)}"
+    try:
+        src = _source_text(name)
+        digest = hashlib.sha256((src + " ".join(cflags)).encode()).hexdigest()[:16]
+        so_path = CACHE_DIR / f"{Path(name).stem}-{digest}.so"
+        if not so_path.exists():
+            _compile(src, so_path, name, cflags)
+        fn = getattr(ctypes.CDLL(str(so_path)), symbol)
+        fn.argtypes = argtypes
+        fn.restype = None
+        return fn, digest, ""
+    except (OSError, RuntimeError, AttributeError) as exc:
+        return None, "", f"could not build the C kernel ({exc})"
+
+
+_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
+
+
 def load() -> tuple[object | None, str]:
-    """(the kernel's ctypes function, "") or (None, why not). Built and loaded once per process."""
+    """(the AVX2 kernel's ctypes function, "") or (None, why not). Built and loaded once per process."""
     global _loaded, _build_id
     if _loaded is not None:
         return _loaded
-    fn, reason = None, ""
-    if os.environ.get(DISABLE_ENV):
-        reason = f"disabled by {DISABLE_ENV}"
-    elif platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        reason = f"x86-64 Linux only (this is {platform.system()} {platform.machine()})"
-    elif missing := [f for f in REQUIRED_CPU_FLAGS if f not in _cpu_flags()]:
-        reason = f"the CPU lacks {', '.join(missing)}"
-    else:
-        try:
-            src = _source_text()
-            digest = hashlib.sha256((src + " ".join(CFLAGS)).encode()).hexdigest()[:16]
-            so_path = CACHE_DIR / f"bf16_small_m_gemm-{digest}.so"
-            _build_id = digest
-            if not so_path.exists():
-                _compile(src, so_path)
-            lib = ctypes.CDLL(str(so_path))
-            fn = lib.bf16_small_m_gemm
-            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
-            fn.restype = None
-        except (OSError, RuntimeError) as exc:
-            fn, reason = None, f"could not build the C kernel ({exc})"
+    fn, _build_id, reason = _build(SOURCE, CFLAGS, REQUIRED_CPU_FLAGS, "bf16_small_m_gemm", _ARGTYPES)
     _loaded = (fn, reason)
     if fn is None:
         logger.info("bf16 small-M CPU kernel unavailable: %s", reason)
     return _loaded
 
 
+def load_dp() -> tuple[object | None, str]:
+    """(the AVX512-BF16 kernel's ctypes function, "") or (None, why not)."""
+    global _loaded_dp, _dp_build_id
+    if _loaded_dp is not None:
+        return _loaded_dp
+    fn, _dp_build_id, reason = _build(DP_SOURCE, DP_CFLAGS, DP_REQUIRED_CPU_FLAGS, "bf16_small_m_gemm_dp",
+                                      _ARGTYPES)
+    _loaded_dp = (fn, reason)
+    if fn is None:
+        logger.info("AVX512-BF16 small-M CPU kernel unavailable: %s", reason)
+    return _loaded_dp
+
+
 def available() -> bool:
-    return load()[0] is not None
+    return load()[0] is not None or load_dp()[0] is not None
 
 
 def build_id() -> str:
-    """The loaded build's source-and-flags hash ("" when not loaded): timings measured with one build are not
+    """The loaded builds' source-and-flags hashes ("" when none loaded): timings measured with one build are not
     reused for another."""
-    return _build_id if available() else ""
+    ids = [d for d, ok in ((_build_id, load()[0]), (_dp_build_id, load_dp()[0])) if ok is not None]
+    return "+".join(ids)
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for a bf16 CPU weight [N, K], with fp32 accumulation; output in x.dtype.
 
-    Falls back to F.linear where the kernel is unavailable or the arguments are outside what it handles."""
-    fn = load()[0]
+    bf16 inputs take the AVX512-BF16 kernel where it builds (their values are its inputs as they are); others the
+    AVX2 kernel on their fp32 upcast. Falls back to F.linear where neither is available or the arguments are
+    outside what they handle."""
+    dp = load_dp()[0] if x.dtype == torch.bfloat16 else None
+    fn = dp if dp is not None else load()[0]
     if (fn is None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2
             or not weight.is_contiguous() or x.shape[-1] != weight.shape[1] or x.device.type != "cpu"):
         return F.linear(x, weight, bias)
     lead = x.shape[:-1]
-    xf = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    xf = x.reshape(-1, x.shape[-1]).to(torch.float32 if dp is None else torch.bfloat16).contiguous()
     m, k = xf.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)

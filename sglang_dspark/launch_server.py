@@ -180,10 +180,10 @@ def _resolved_dtype(argv: list[str], model: str | None) -> str:
 
 def cpu_bf16_note(argv: list[str], cpu_flags: set[str]) -> str | None:
     """A line for serving bf16 on a CPU without native bf16 math, where plain bf16 GEMMs do not batch."""
-    from sglang_dspark.sglang_plugin.cpu_gemm import wants_row_dispatch
+    from sglang_dspark.cpu_features import has_native_bf16
 
     dtype = _resolved_dtype(argv, _flag_value(argv, "--model-path") or _flag_value(argv, "--model"))
-    if dtype not in ("bfloat16", "bf16") or not wants_row_dispatch("auto", cpu_flags or None):
+    if dtype not in ("bfloat16", "bf16") or not cpu_flags or has_native_bf16(cpu_flags):
         return None  # not bf16, flags unknown, or a CPU with native bf16 dot products
     if (_flag_value(argv, "--dspark-cpu-gemm") or "auto") != "off":
         return ("sglang_dspark: this CPU has no native bf16 math (no AVX512-BF16 / AMX): decode and verify GEMMs run "

@@ -13,7 +13,8 @@ AVX2 = {"sse2", "avx", "avx2", "fma"}
 
 def test_auto_mode_follows_the_cpu_flags():
     assert wants_row_dispatch("auto", AVX2)
-    assert not wants_row_dispatch("auto", AVX2 | {"avx512f", "avx512_bf16"})
+    assert not wants_row_dispatch("auto", AVX2 | {"avx512f", "avx512_bf16"})  # no AVX512-BW: no dp kernel
+    assert wants_row_dispatch("auto", AVX2 | {"avx512f", "avx512bw", "avx512_bf16"})  # the dp kernel's CPUs
     assert not wants_row_dispatch("auto", AVX2 | {"amx_bf16"})
     assert not wants_row_dispatch("auto", None)  # flags unknown: leave SGLang's path alone
     assert wants_row_dispatch("on", AVX2 | {"amx_bf16"}) and not wants_row_dispatch("off", AVX2)
@@ -23,6 +24,10 @@ def test_auto_mode_follows_the_cpu_flags():
     assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=False) == with_kernel
     assert predicted_gemm_kind("auto", AVX2, "float32", cuda=False) == "native"
     assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=True) == "native"
+    native = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
+    assert predicted_gemm_kind("auto", native, "bfloat16", cuda=False) == (
+        cpu_gemm.NATIVE_KERNEL_DISPATCH if cpu_gemm._kernel() is not None else "native")
+    assert predicted_gemm_kind("off", native, "bfloat16", cuda=False) == "native"
 
 
 def _weight(out_f=64, in_f=32, seed=0):
@@ -242,3 +247,39 @@ def test_route_drafter_sends_every_draft_gemm_through_the_plan(tmp_path, monkeyp
     assert model.draft_lm_head_linear != F.linear and model.markov_head.w2_linear != F.linear
     torch.testing.assert_close(after.logits, before.logits)  # the spy runs F.linear: same values
     assert torch.equal(after.tokens, before.tokens)
+
+
+def test_measure_crossover_against_torch_bf16_when_there_is_no_fp32_copy(monkeypatch):
+    fake = {1: (1.0, 2.0), 2: (2.0, 2.5), 4: (4.0, 3.0), 8: (8.0, 3.0)}
+    clock = iter(x for r in (1, 2, 4, 8) for x in fake[r])
+    monkeypatch.setattr(cpu_gemm, "_median_ms", lambda fn, reps: next(clock))
+    crossover, timings = measure_crossover(_weight(), None, rows=(1, 2, 4, 8))
+    assert crossover == 4 and timings[4] == dict(narrow_ms=4.0, torch_bf16_ms=3.0)
+
+
+def test_native_bf16_plan_keeps_torch_bf16_as_the_wide_side_and_makes_no_copy(tmp_path, monkeypatch):
+    """A CPU with native bf16: the kernel below each shape's crossover, torch's bf16 GEMM from it, no fp32 copy;
+    no plan without a kernel, or where torch wins from one row on."""
+    seen = []
+
+    def fake_measure(w, w32, rows, narrow):
+        seen.append(w32)
+        return {64: 4, 16: None, 8: rows[0]}[w.shape[0]], {1: {}}
+
+    monkeypatch.setattr(cpu_gemm, "measure_crossover", fake_measure)
+    cache = tmp_path / "cpu_gemm.json"
+    calls = []
+    w_a, w_b = _weight(64, 32), _weight(16, 32, 1)
+    gemm, reason = plan_for([w_a, w_b], str(cache), "cpu-A", available_bytes=1000, narrow=_spy_narrow(calls),
+                            wide_bf16=True)
+    assert gemm.kind == cpu_gemm.NATIVE_KERNEL_DISPATCH and seen == [None, None] and "AVX512-BF16" in reason
+    assert gemm.crossovers == {(16, 32): None, (64, 32): 4} and getattr(w_a, FP32_ATTR, None) is None
+    x3, x5 = torch.randn(3, 32).bfloat16(), torch.randn(5, 32).bfloat16()
+    assert torch.equal(gemm.linear(x3, w_a), F.linear(x3, w_a)) and calls == [3]
+    assert torch.equal(gemm.linear(x5, w_a), F.linear(x5, w_a)) and calls == [3]  # torch's bf16 GEMM
+    assert torch.equal(gemm.linear(x5, w_b), F.linear(x5, w_b)) and calls == [3, 5]  # never crosses over
+    gemm, reason = plan_for([_weight(8, 32, 2)], str(cache), "cpu-A", None, narrow=_spy_narrow(calls),
+                            wide_bf16=True)
+    assert gemm is None and "every measured row count" in reason
+    gemm, reason = plan_for([w_a], str(cache), "cpu-A", None, wide_bf16=True)
+    assert gemm is None and "no small-M kernel" in reason

@@ -1,4 +1,5 @@
-"""kernels/cpu_bf16_gemm.py: the small-M bf16 GEMM against an fp32 reference, its batch invariance, its fallbacks."""
+"""kernels/cpu_bf16_gemm.py: the small-M bf16 GEMMs (AVX2 and AVX512-BF16) against an fp64 reference, their batch
+invariance, their fallbacks."""
 
 import pytest
 import torch
@@ -13,6 +14,13 @@ def _kernel_or_skip():
     if fn is None:
         print(f"small-M kernel unavailable here: {reason}")
         pytest.skip(f"small-M kernel unavailable: {reason}")
+
+
+def _dp_kernel_or_skip():
+    fn, reason = cpu_bf16_gemm.load_dp()
+    if fn is None:
+        print(f"AVX512-BF16 small-M kernel unavailable here: {reason}")
+        pytest.skip(f"AVX512-BF16 small-M kernel unavailable: {reason}")
 
 
 def _reference(x, w, bias=None):
@@ -35,6 +43,41 @@ def test_matches_the_reference_for_ragged_shapes(m, n, k):
         want = _reference(x, w, b)
         bound = 1e-5 * (x.double().abs() @ w.double().abs().T + 1)  # fp32 accumulation of k products
         assert ((got.double() - want).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 17])
+@pytest.mark.parametrize("n,k", [(1, 8), (5, 13), (7, 40), (130, 896), (4, 4864)])
+def test_the_dp_kernel_matches_the_reference_for_ragged_shapes(m, n, k, monkeypatch):
+    """bf16 inputs: every K tail (masked loads), every row remainder of the 4-row blocks, N not a multiple of 4."""
+    _dp_kernel_or_skip()
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded", (None, "only the dp kernel under test"))
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    x = torch.randn(m, k, generator=g).bfloat16()
+    bias = torch.randn(n, generator=g).bfloat16()
+    for b in (None, bias):
+        got = small_m_linear(x, w, b)
+        assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+        want = _reference(x, w, b)
+        # fp32 sums of exact bf16 products, then one rounding to bf16 (2^-8 relative) of the output
+        bound = 1e-5 * (x.double().abs() @ w.double().abs().T + 1) + 2 ** -8 * want.abs()
+        assert ((got.double() - want).abs() <= bound).all()
+
+
+def test_the_dp_kernel_is_batch_and_thread_invariant():
+    _dp_kernel_or_skip()
+    w = torch.randn(301, 896).bfloat16()
+    x = torch.randn(11, 896).bfloat16()
+    full = small_m_linear(x, w)
+    for i in range(11):
+        assert torch.equal(small_m_linear(x[i:i + 1], w), full[i:i + 1])
+    assert torch.equal(small_m_linear(x[3:9], w), full[3:9])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(small_m_linear(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_bf16_input_is_rounded_once_and_leading_dims_and_strides_are_kept():
@@ -68,8 +111,10 @@ def test_falls_back_to_torch_where_the_kernel_cannot_run(monkeypatch):
     w = torch.randn(16, 8).bfloat16()
     x = torch.randn(3, 8).bfloat16()
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded", (None, "test"))
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_dp", (None, "test"))
     assert torch.equal(small_m_linear(x, w), F.linear(x, w))
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded", None)
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_dp", None)
     w_f32 = torch.randn(16, 8)  # not bf16: torch's path even where the kernel is built
     assert torch.equal(small_m_linear(x.float(), w_f32), F.linear(x.float(), w_f32))
 
@@ -91,3 +136,8 @@ def test_a_failed_build_is_reported_not_raised(tmp_path, monkeypatch):
     monkeypatch.setenv(cpu_bf16_gemm.DISABLE_ENV, "1")
     assert cpu_bf16_gemm.load()[0] is None
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded", None)  # later tests load the real kernel again
+    monkeypatch.delenv(cpu_bf16_gemm.DISABLE_ENV)
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_dp", None)
+    monkeypatch.setattr(cpu_bf16_gemm, "_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    assert cpu_bf16_gemm.load_dp() == (None, "the CPU lacks avx512bw, avx512_bf16")
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_dp", None)
