@@ -31,7 +31,7 @@ from sglang_dspark.bench.server import ServerProcess
 
 DEFAULT_POLICIES = "none,ngram,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async"
 # No speculation: SGLang's default (overlap scheduler), and on the synchronous scheduler speculation gets on a CPU
-PLAIN_POLICIES = ("none", "none-sync")
+PLAIN_POLICIES = ("none", "none-sync", "none-gemm-off")
 ROW_COLUMNS = ["policy", "concurrency", "temperature", "aggregate_tok_s", "per_user_tok_s_median",
                "per_user_tok_s_p10", "tau", "mean_verify_len", "wasted_verify_tokens"]
 TRACE_ENV = "SGLANG_DSPARK_TRACE_PATH"
@@ -47,8 +47,9 @@ RUN_SETTINGS = ("max_tokens", "model", "drafter", "prompts")
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help=f"comma list of none, none-sync (no overlap scheduler), ngram, fixed:G, threshold:C, sps-topk, "
-                        f"dspark, dspark-async, dspark-noretrieval, retrieval-only, dspark-prompt "
+                   help=f"comma list of none, none-sync (no overlap scheduler), none-gemm-off (SGLang's own GEMMs), "
+                        f"ngram, fixed:G, threshold:C, sps-topk, dspark, dspark-async, dspark-noretrieval, "
+                        f"retrieval-only, dspark-prompt, dspark-gemm-off "
                         f"(default: {DEFAULT_POLICIES})")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -137,6 +138,7 @@ POLICY_VARIANTS = {
     "dspark-noretrieval": ("dspark", ["--dspark-retrieval", "off"]),  # the drafter alone
     "retrieval-only": ("dspark", ["--dspark-no-model-drafts"]),  # retrieval drafts alone, no drafter pass
     "dspark-prompt": ("dspark", ["--dspark-retrieval", "prompt"]),  # drafter + prompt/output lookup, no corpus
+    "dspark-gemm-off": ("dspark", ["--dspark-cpu-gemm", "off"]),  # SGLang's own GEMMs, no small-M kernel
 }
 
 
@@ -151,6 +153,8 @@ def server_flags(policy: str, args: argparse.Namespace) -> list[str]:
         return ["--no-dspark", *common]
     if policy == "none-sync":  # SGLang without speculation on the scheduler every speculative server runs on
         return ["--no-dspark", "--disable-overlap-schedule", *common]
+    if policy == "none-gemm-off":  # SGLang's own GEMMs: what the small-M kernels are measured against
+        return ["--no-dspark", "--dspark-cpu-gemm", "off", *common]
     if policy == "ngram":
         # not --no-dspark: the launcher refuses it together with --speculative-algorithm. An explicit algorithm
         # already stops it from adding DSPARK_EXT. intel_amx: NGRAM's tree verify needs it (the CPU patch keeps it).

@@ -217,3 +217,7 @@ def test_policy_variants_switch_one_part_of_dspark_ext(tmp_path):
     only = server_flags("retrieval-only", args)
     assert "--dspark-no-model-drafts" in only and "--dspark-retrieval" not in only
     assert "--dspark-retrieval" not in server_flags("dspark", args)  # the default: both sources
+    gemm_off = server_flags("dspark-gemm-off", args)
+    assert gemm_off[gemm_off.index("--dspark-cpu-gemm") + 1] == "off" and "DSPARK_EXT" in gemm_off
+    assert server_flags("none-gemm-off", args) == ["--no-dspark", "--dspark-cpu-gemm", "off"]
+    assert "--dspark-cpu-gemm" not in server_flags("none", args)
