@@ -111,10 +111,12 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dspark-record-verify-lens", action="store_true",
                    help="Return the per-step verify lengths of each request in meta_info.")
     g.add_argument("--dspark-cpu-gemm", choices=("auto", "on", "off"), default=d.cpu_gemm,
-                   help="bf16 models on a CPU: narrow GEMMs run our small-M bf16 kernel (torch's bf16 GEMM where it "
-                        "cannot be built), wider ones an fp32 copy of the weights from the row count where that is "
-                        "measured to be faster. auto (default): on CPUs without AVX512-BF16 / AMX. Applies with or "
-                        "without speculation.")
+                   help="bf16 models on a CPU: narrow GEMMs run our small-M bf16 kernel, wider ones from the "
+                        "row count measured per shape where that is faster: an fp32 copy of the weights on CPUs "
+                        "without native bf16 (the AVX2 kernel, or torch's bf16 GEMM where it cannot be built), "
+                        "torch's bf16 GEMM on CPUs with AVX512-BF16 (the vdpbf16ps kernel). auto (default): on "
+                        "CPUs without AVX512-BF16 / AMX and on CPUs with AVX512-BF16. Applies with or without "
+                        "speculation.")
 
 
 def _draft_temperature(value: str) -> float | None:
