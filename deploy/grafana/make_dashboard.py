@@ -99,16 +99,18 @@ PANELS = [
      "output; exception: it raised; any sustained rate is a bug). Right axis: share of request-steps the drafter "
      "ran for (the rest were skipped because the controller kept verifying nothing for them), and of batch steps run "
      "as plain decode, with and without a plan (after plans keep verifying nothing, only backed-off probe steps "
-     "plan).",
+     "plan, and steps whose retrieval lookup finds a confident chain, verified without a draft pass).",
      [(f"{rate('sglang:dspark_fallbacks_total', by='reason')} * 60", "{{reason}} fallbacks per minute"),
       (f"{rate('sglang:dspark_draft_steps_total')} / {rate('sglang:dspark_verify_steps_total')}",
        "share of request-steps drafted"),
       (f"{rate('sglang:dspark_plain_decode_steps_total')} / {rate('sglang:dspark_batch_steps_total')}",
        "share of steps run as plain decode"),
       (f"{rate('sglang:dspark_unplanned_steps_total')} / {rate('sglang:dspark_batch_steps_total')}",
-       "share of steps run without a plan")],
+       "share of steps run without a plan"),
+      (f"{rate('sglang:dspark_peek_steps_total')} / {rate('sglang:dspark_batch_steps_total')}",
+       "share of steps planned for a retrieval chain only")],
      {"right_axis": ["share of request-steps drafted", "share of steps run as plain decode",
-                     "share of steps run without a plan"]}),
+                     "share of steps run without a plan", "share of steps planned for a retrieval chain only"]}),
     ("SLA floors", "short",
      "Request-steps per second carrying a tokens/s floor (--dspark-min-user-tps or the request's "
      "custom_params.dspark_min_user_tps) and those whose expected rate stayed below it: the controller could not "

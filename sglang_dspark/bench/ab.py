@@ -252,7 +252,7 @@ def scrape_retrieval_ece(url: str, metric: str = "retrieval_ece") -> dict[str, d
     return out
 
 
-STEP_COUNTERS = ("batch_steps", "plain_decode_steps", "unplanned_steps")
+STEP_COUNTERS = ("batch_steps", "plain_decode_steps", "unplanned_steps", "peek_steps")
 
 
 def scrape_step_counts(url: str) -> dict[str, float]:

@@ -49,7 +49,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help=f"comma list of none, none-sync (no overlap scheduler), none-gemm-off (SGLang's own GEMMs), "
                         f"ngram, fixed:G, threshold:C, sps-topk, dspark, dspark-async, dspark-noretrieval, "
-                        f"retrieval-only, dspark-prompt, dspark-gemm-off "
+                        f"retrieval-only, dspark-prompt, dspark-gemm-off, dspark-nopeek "
                         f"(default: {DEFAULT_POLICIES})")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -139,6 +139,7 @@ POLICY_VARIANTS = {
     "retrieval-only": ("dspark", ["--dspark-no-model-drafts"]),  # retrieval drafts alone, no drafter pass
     "dspark-prompt": ("dspark", ["--dspark-retrieval", "prompt"]),  # drafter + prompt/output lookup, no corpus
     "dspark-gemm-off": ("dspark", ["--dspark-cpu-gemm", "off"]),  # SGLang's own GEMMs, no small-M kernel
+    "dspark-nopeek": ("dspark", ["--dspark-no-streak-peek"]),  # plain streaks skip the retrieval lookups too
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .base import survival
+from .source_choice import proposal_value
 from .draft_skip import PROBE_FIRST, PROBE_MAX_GAP
 
 # Policies whose verify plans the gate may replace by plain decoding (fixed / threshold keep their lengths exactly:
@@ -81,6 +82,17 @@ class PlainDecodeGate:
         return lengths
 
 
+PEEK_MIN_VALUE = 0.5  # expected accepted tokens of a retrieval chain that interrupts a plain streak
+
+
+def peek_worthy(retrieval_conf: torch.Tensor, has_chain: torch.Tensor, min_value: float = PEEK_MIN_VALUE) -> bool:
+    """Whether any request's retrieval chain (calibrated conditional confidences Float[R, G], 0 past its end) is
+    expected to accept at least `min_value` drafts: then a step of a plain streak is planned after all."""
+    if not bool(has_chain.any()):
+        return False
+    return bool((proposal_value(retrieval_conf[has_chain]) >= min_value).any())
+
+
 class PlainStreak:
     """While plans keep verifying nothing for the whole batch (the gate choosing plain decoding, or a policy planning
     l_r = 0 everywhere), building them is pure overhead: the retrieval lookups, the draft pass, calibration and the
@@ -88,7 +100,12 @@ class PlainStreak:
     slower than SGLang's own decode). After `quiet_after` planned steps in a row verified nothing, only probe steps
     plan (`first`, 2 * first, ... up to `max_gap` steps apart), and the rest decode plainly at once. A request
     joining the batch brings the next probe forward to `first` steps after the last plan (a new prompt may copy
-    well). A probe that verifies anything ends the streak."""
+    well). A probe that verifies anything ends the streak.
+
+    A skipped step still looks up its retrieval chains, which cost microseconds against a ~100 ms step: a chain
+    worth at least `PEEK_MIN_VALUE` expected accepted tokens (a prompt being copied) is planned at once, without a
+    draft pass (`peek`). A peek that verifies something ends the streak; one the gate turns down leaves it as it
+    was (a peek is not a probe: it must not push the next probe further out)."""
 
     def __init__(self, quiet_after: int = 4, first: int = PROBE_FIRST, max_gap: int = PROBE_MAX_GAP):
         self.quiet_after, self.first, self.max_gap = quiet_after, first, max_gap
@@ -107,6 +124,12 @@ class PlainStreak:
             return False
         self.skipped += 1
         return True
+
+    def observe_peek(self, verified_tokens: int) -> None:
+        """A step planned because a skipped step's retrieval chain looked worth it (see `peek_worthy`)."""
+        self.skipped -= 1  # it was counted as skipped, then planned after all
+        if verified_tokens > 0:
+            self.quiet, self.next_plan = 0, 0
 
     def observe(self, step: int, verified_tokens: int) -> None:
         """A planned step: how many drafts it verified (0 when the gate or the policy chose plain decoding)."""

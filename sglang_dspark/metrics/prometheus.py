@@ -56,8 +56,11 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
     "fallbacks": ("counter", "Decode batch steps that fell back to plain decoding, by reason.", ("reason",), {}),
     "plain_decode_steps": ("counter", "Decode batch steps that verified nothing anywhere and ran as SGLang's plain "
                            "decode forward (no ragged verify).", (), {}),
-    "unplanned_steps": ("counter", "Plain decode batch steps taken without retrieval lookups, drafts or a verify plan, "
-                        "because the plans before them kept verifying nothing.", (), {}),
+    "unplanned_steps": ("counter", "Plain decode batch steps taken without drafts or a verify plan, because the "
+                        "plans before them kept verifying nothing (their retrieval lookups found no confident chain).",
+                        (), {}),
+    "peek_steps": ("counter", "Batch steps of a plain streak planned after all, without a draft pass, because a "
+                   "retrieval chain looked confident.", (), {}),
     "sla_floored_request_steps": ("counter", "Request-steps that carried an SLA tokens/s floor.", (), {}),
     "sla_unsatisfied_request_steps": ("counter", "Request-steps whose expected tokens/s stayed below their SLA floor "
                                       "(not enough capacity, or even l = gamma is too little).", (), {}),
@@ -196,6 +199,7 @@ class DSparkMetrics:
         self._by_source = [self._source_series(name) for name in SOURCE_NAMES]
         for short in ("verify_steps", "draft_steps", "batch_steps", "drafted_tokens", "verified_tokens",
                       "accepted_tokens", "wasted_verify_tokens", "bonus_tokens", "plain_decode_steps", "unplanned_steps",
+                      "peek_steps",
                       "sla_floored_request_steps", "sla_unsatisfied_request_steps", "grammar_request_steps",
                       "grammar_forced_drafts", "grammar_replaced_drafts", "grammar_copied_drafts"):
             self._m(short)
@@ -225,6 +229,8 @@ class DSparkMetrics:
             self._m("plain_decode_steps").inc()
         if getattr(stats, "unplanned", False):
             self._m("unplanned_steps").inc()
+        if getattr(stats, "peeked", False):
+            self._m("peek_steps").inc()
         self._m("sla_floored_request_steps").inc(getattr(stats, "sla_floored", 0))
         self._m("sla_unsatisfied_request_steps").inc(getattr(stats, "sla_unsatisfied", 0))
         self._m("grammar_request_steps").inc(getattr(stats, "grammar_requests", 0))

@@ -27,6 +27,7 @@ class DSparkOptions:
     profile_cost_model: bool = True
     draft_skip: bool = True
     plain_decode_fast_path: bool = True  # a step verifying nothing anywhere runs SGLang's plain decode forward
+    streak_peek: bool = True  # steps of a plain streak still look up retrieval chains (control.plain_decode)
     record_verify_lens: bool = False  # opt-in per-step verify lengths in meta_info
     draft_dtype: str | None = None  # None: same as the target
     chain_verify_attention: bool = True  # torch_native: verify attends only the chain's rows (verify_attention.py)
@@ -100,6 +101,9 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                    help="Always draft, even when the controller expects to verify nothing.")
     g.add_argument("--dspark-no-fast-path", dest="dspark_plain_decode_fast_path", action="store_false",
                    help="Run steps that verify nothing through the ragged verify path too (for A/B measurements).")
+    g.add_argument("--dspark-no-streak-peek", dest="dspark_streak_peek", action="store_false",
+                   help="While plans keep verifying nothing, skip the retrieval lookups too (A/B measurements); by "
+                        "default such steps still look up retrieval chains and verify a confident one.")
     g.add_argument("--dspark-sglang-verify-attention", dest="dspark_chain_verify_attention", action="store_false",
                    help="Run verify forwards through SGLang's own torch_native EXTEND attention (A/B measurements).")
     g.add_argument("--dspark-full-draft-vocab", action="store_true",

@@ -24,7 +24,8 @@ class StepStats:
     accept_lens: list[int] = field(default_factory=list)
     fallback: str | None = None
     plain_decode: bool = False  # the step ran as SGLang's plain decode (nothing verified anywhere)
-    unplanned: bool = False  # ... and skipped lookups, drafts and the plan too (control.plain_decode.PlainStreak)
+    unplanned: bool = False  # ... and skipped drafts and the plan too (control.plain_decode.PlainStreak)
+    peeked: bool = False  # a plain streak's step planned for a confident retrieval chain, without a draft pass
     sla_floored: int = 0  # requests with an SLA floor this step
     sla_unsatisfied: int = 0  # of those, requests whose expected tokens/s stays below the floor
     grammar_requests: int = 0  # requests whose next tokens a grammar constrains (structured outputs)

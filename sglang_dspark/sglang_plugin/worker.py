@@ -33,7 +33,7 @@ from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMoni
                                    StepOutcome, make_policy, survival, unmet_floors)
 from sglang_dspark.control.draft_skip import draft_mask
 from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
-from sglang_dspark.control.plain_decode import GATED_POLICIES, PlainStreak
+from sglang_dspark.control.plain_decode import GATED_POLICIES, PlainStreak, peek_worthy
 from sglang_dspark.control.source_choice import choose_retrieval, proposal_value, skip_drafting
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin import cpu_gemm
@@ -335,14 +335,23 @@ class DSparkExtWorker(BaseSpecWorker):
         joined, self._batch_rids = not rids <= self._batch_rids, rids
         unplanned = (fast_path and self.plain_streak is not None and not grammar_rows
                      and self.plain_streak.skip(self.step_index, joined))
-        if self.sync.flag(unplanned):  # plans kept verifying nothing: no lookups, drafts or plan this step
-            self.retrieval.observe_batch(batch.reqs)
+        caps = verify_caps(batch.reqs)
+        retrieval, looked, peeked = None, False, False
+        if unplanned and self.options.streak_peek:  # a chain being copied is worth planning for, streak or not
+            retrieval, looked = self._retrieve(batch, caps, grammar_rows), True
+            peeked = retrieval is not None and peek_worthy(retrieval.probs, retrieval.has())
+            unplanned = not peeked
+        if self.sync.flag(unplanned):  # plans kept verifying nothing: no drafts or plan this step
+            if not looked:
+                self.retrieval.observe_batch(batch.reqs)
             stats.drafted, stats.unplanned = [0] * bs, True
             return self._plain_decode(batch, state, anchors, committed, torch.zeros(bs, dtype=torch.int64), stats,
                                       None, None, None)
-        caps = verify_caps(batch.reqs)
-        retrieval = self._retrieve(batch, caps, grammar_rows)
-        active = self._draft_active(state, caps, batch, draft_temps, retrieval)
+        if not looked:
+            retrieval = self._retrieve(batch, caps, grammar_rows)
+        # a peek verifies retrieval chains only: the streak says the drafter's blocks are not worth a draft pass now
+        active = (torch.zeros(0, dtype=torch.int64) if peeked
+                  else self._draft_active(state, caps, batch, draft_temps, retrieval))
         stats.drafted = [0] * bs
         for i in active.tolist():
             stats.drafted[i] = 1
@@ -421,7 +430,11 @@ class DSparkExtWorker(BaseSpecWorker):
         if fallback is None:
             self.probe_gate.observe(self.step_index, len(active), int(useful.sum()))
         if self.plain_streak is not None:
-            self.plain_streak.observe(self.step_index, int(verify_lens.sum()))
+            if peeked:
+                self.plain_streak.observe_peek(int(verify_lens.sum()))
+            else:
+                self.plain_streak.observe(self.step_index, int(verify_lens.sum()))
+        stats.peeked = peeked
         # (while profiling the verify cost curve, l = 0 steps are verify samples too: T = R anchors the fit)
         if self.sync.flag(fast_path and int(verify_lens.sum()) == 0):
             return self._plain_decode(batch, state, anchors, committed, verify_lens, stats, fallback, conf_logits,

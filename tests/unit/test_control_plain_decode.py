@@ -108,3 +108,35 @@ def test_a_joining_request_brings_the_probe_forward():
     planned2 = _run_streak(streak2, verified_at=set(), steps=last + 10, joins={last + 1})
     assert last + 4 in planned2, "a request joining after the last plan is probed first steps after it"
     assert last + 1 not in planned2
+
+
+def test_peek_is_worthy_only_for_a_chain_expected_to_accept_enough():
+    from sglang_dspark.control.plain_decode import PEEK_MIN_VALUE, peek_worthy
+
+    weak = torch.tensor([[0.3, 0.3, 0.3, 0.0]])  # 0.3 + 0.09 + 0.027 < 0.5
+    strong = torch.tensor([[0.9, 0.9, 0.0, 0.0]])  # 0.9 + 0.81
+    assert not peek_worthy(weak, torch.tensor([True]))
+    assert peek_worthy(strong, torch.tensor([True]))
+    assert not peek_worthy(strong, torch.tensor([False])), "a row without a chain never interrupts the streak"
+    both = torch.cat([weak, strong])
+    assert peek_worthy(both, torch.tensor([True, True]))
+    assert not peek_worthy(both, torch.tensor([True, False]))
+    assert PEEK_MIN_VALUE > 0.3 + 0.09 + 0.027
+
+
+def test_a_turned_down_peek_keeps_the_streak_and_a_verifying_one_ends_it():
+    from sglang_dspark.control.plain_decode import PlainStreak
+
+    streak = PlainStreak(quiet_after=4, first=4, max_gap=32)
+    for step in range(4):
+        assert not streak.skip(step)
+        streak.observe(step, 0)
+    assert streak.next_plan == 7
+    assert streak.skip(4)  # skipped ... then planned after all for a confident chain the gate turned down
+    streak.observe_peek(0)
+    assert streak.skipped == 0 and streak.next_plan == 7, "a turned-down peek does not move the next probe"
+    assert streak.skip(5) and streak.skip(6) and not streak.skip(7)
+    streak.observe(7, 0)
+    assert streak.skip(8)
+    streak.observe_peek(3)  # a peek that verified 3 chain tokens: plan every step again
+    assert not streak.skip(9) and streak.skipped == 2
