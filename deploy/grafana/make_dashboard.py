@@ -150,6 +150,16 @@ PANELS = [
        "{{source}} p{{position}}"),
       (f"max by (source, position) (avg_over_time(sglang:dspark_retrieval_ece_floor{{{SEL}}}[{RI}]))",
        "floor {{source}} p{{position}}")], {"dashed": "floor"}),
+    ("Retrieval confidence ECE since start-up", "none",
+     "The same ECE over every retrieval prediction verified since the server started (the panel above reads the "
+     "last 1024 per position, whose noise floor alone is ~3%). Dashed: its label-noise floor, which falls as "
+     "1 / sqrt(predictions). Right axis: the predictions per source and position the reading is over.",
+     [(f"max by (source, position) (sglang:dspark_retrieval_ece_served{{{SEL}}})", "{{source}} p{{position}}"),
+      (f"max by (source, position) (sglang:dspark_retrieval_ece_served_floor{{{SEL}}})",
+       "floor {{source}} p{{position}}"),
+      (f"sum by (source, position) (sglang:dspark_retrieval_predictions{{{SEL}}})",
+       "predictions {{source}} p{{position}}")],
+     {"dashed": "floor", "right_axis": ["predictions"]}),
     ("Draft and verify time per step", "s",
      "Mean drafter and target-verify time per decode step, and their p95.",
      [(f"{rate('sglang:dspark_draft_time_seconds_sum')} / {rate('sglang:dspark_draft_time_seconds_count')}",

@@ -22,7 +22,9 @@ with nothing proposed, and fallback steps, have no source), over the same reques
 retrieval_ece{source, position} is the online ECE of a retrieval source's calibrated confidences at draft position p,
 over the last retrieval.confidence.ECE_WINDOW predictions verified there; retrieval_ece_floor{source, position} is
 what a perfectly calibrated source would show on those predictions (label noise), the level retrieval_ece is read
-against.
+against. retrieval_ece_served / retrieval_ece_served_floor are the same over every prediction since start-up, and
+retrieval_predictions{source, position} counts those predictions (the window's floor stays ~3%; this one falls as
+1 / sqrt(predictions), so a long run can show a 3% calibration).
 """
 
 from __future__ import annotations
@@ -103,6 +105,13 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
                       "(1-based), over its last 1024 verified predictions.", ("source", "position"), {}),
     "retrieval_ece_floor": ("gauge", "The ECE a perfectly calibrated source would show on the same predictions as "
                             "retrieval_ece (its label-noise floor).", ("source", "position"), {}),
+    "retrieval_ece_served": ("gauge", "ECE of a retrieval source's calibrated confidences at draft position p "
+                             "(1-based) over every prediction verified there since start-up.", ("source", "position"),
+                             {}),
+    "retrieval_ece_served_floor": ("gauge", "The label-noise floor of retrieval_ece_served (a perfectly calibrated "
+                                   "source's ECE on the same predictions).", ("source", "position"), {}),
+    "retrieval_predictions": ("gauge", "Predictions of a retrieval source verified at draft position p since "
+                              "start-up (what retrieval_ece_served is over).", ("source", "position"), {}),
     "controller_info": ("gauge", "Constant 1; labels name the verify-length controller, gamma and drafter.",
                         ("controller", "gamma", "drafter"), {}),
 }
@@ -257,7 +266,8 @@ class DSparkMetrics:
                 self._m("calibration_ece", position=str(p + 1)).set(ece)
         if not stats.fallback:
             self._observe_sources(getattr(stats, "sources", None) or [], verify, accept)
-        for metric in ("retrieval_ece", "retrieval_ece_floor"):
+        for metric in ("retrieval_ece", "retrieval_ece_floor", "retrieval_ece_served", "retrieval_ece_served_floor",
+                       "retrieval_predictions"):
             for name, eces in (getattr(stats, metric, None) or {}).items():
                 for p, ece in enumerate(eces or []):
                     if ece is not None and math.isfinite(ece):  # nan = no samples at p yet

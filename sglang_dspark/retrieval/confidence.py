@@ -63,8 +63,9 @@ class RetrievalConfidence:
                 self.table[s][m, :, :] = builtin_prior(s, m, gamma)
         if prior is not None:
             self.load_prior(prior)
-        # per source: [gamma, bins] sums of predicted survival, of realised labels, and counts (binned ECE)
-        self._ece_sums = {s: np.zeros((3, gamma, ECE_BINS)) for s in self.sources}
+        # per source: [gamma, bins] sums of predicted survival, of realised labels, counts and p (1 - p) (binned ECE
+        # over everything served, and its label-noise floor)
+        self._ece_sums = {s: np.zeros((4, gamma, ECE_BINS)) for s in self.sources}
         # per source: ring of the last ECE_WINDOW (predicted survival, label) per position; NaN = empty slot
         self._recent = {s: np.full((2, gamma, ECE_WINDOW), np.nan) for s in self.sources}
         self._recent_next = {s: np.zeros(gamma, dtype=np.int64) for s in self.sources}
@@ -99,6 +100,7 @@ class RetrievalConfidence:
         np.add.at(sums[0], (k, bins), survival)
         np.add.at(sums[1], (k, bins), (k < accepted).astype(np.float64))
         np.add.at(sums[2], (k, bins), 1.0)
+        np.add.at(sums[3], (k, bins), survival * (1 - survival))
         ring, nxt = self._recent[source], self._recent_next[source]
         slot = nxt[k] % ECE_WINDOW
         ring[0, k, slot], ring[1, k, slot] = survival, (k < accepted)
@@ -116,11 +118,19 @@ class RetrievalConfidence:
         """Per draft position: binned ECE of the served survival predictions, over the last ECE_WINDOW of them
         (window=False: all of them); NaN where nothing was scored."""
         if not window:
-            pred, label, count = self._ece_sums[source]
-            n = count.sum(1)
-            gap = np.abs(pred - label).sum(1)
-            return [float(g / m) if m else float("nan") for g, m in zip(gap, n)]
+            return self.served_ece(source)[0]
         return self.windowed_ece(source)[0]
+
+    def served_ece(self, source: str) -> tuple[list[float], list[float]]:
+        """(ECE, its label-noise floor) per draft position over every prediction served since start-up: the
+        windowed reading's noise floor (~3% at 1024 predictions) cannot show a 3% calibration, this one's falls as
+        1 / sqrt(predictions). NaN where nothing was scored."""
+        pred, label, count, var = self._ece_sums[source]
+        n = count.sum(1)
+        gap = np.abs(pred - label).sum(1)
+        floor = np.sqrt(2 * var / np.pi).sum(1)
+        return ([float(g / m) if m else float("nan") for g, m in zip(gap, n)],
+                [float(f / m) if m else float("nan") for f, m in zip(floor, n)])
 
     def ece_floor(self, source: str) -> list[float]:
         """Per draft position: the ECE a perfectly calibrated predictor would show on the same windowed predictions

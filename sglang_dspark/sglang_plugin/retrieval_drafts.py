@@ -132,6 +132,13 @@ class RetrievalDrafter:
         both = {s: self.conf.windowed_ece(s) for s in self.conf.sources}
         return {s: e for s, (e, _) in both.items()}, {s: f for s, (_, f) in both.items()}
 
+    def served_ece(self) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[int]]]:
+        """Per source, over every prediction served since start-up: ECE per position, its floor, and how many
+        predictions each position's reading is over (RetrievalConfidence.served_ece)."""
+        both = {s: self.conf.served_ece(s) for s in self.conf.sources}
+        return ({s: e for s, (e, _) in both.items()}, {s: f for s, (_, f) in both.items()},
+                {s: self.conf.scored(s, window=False) for s in self.conf.sources})
+
 
 def token_context(req) -> np.ndarray:
     """A request's prompt + output tokens so far (SGLang keeps both as array('q'))."""

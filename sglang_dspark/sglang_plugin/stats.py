@@ -37,6 +37,10 @@ class StepStats:
     # per retrieval source name: ECE of its calibrated confidences per draft position (served steps so far)
     retrieval_ece: dict[str, list[float]] | None = None
     retrieval_ece_floor: dict[str, list[float]] | None = None  # the same windows' ECE under perfect calibration
+    # the same over every prediction served since start-up, and the predictions per position behind it
+    retrieval_ece_served: dict[str, list[float]] | None = None
+    retrieval_ece_served_floor: dict[str, list[float]] | None = None
+    retrieval_predictions: dict[str, list[int]] | None = None
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()
@@ -119,4 +123,7 @@ class StepTrace:
             "plain": bool(stats.plain_decode),  # verify_s timed SGLang's plain decode forward
             "t": round(time.time(), 4),  # wall clock at the step's end: gaps = scheduler work + prefills between
             "drafted": [int(x) for x in (stats.drafted or [])],
+            "sources": stats.row_sources(),  # per request: stats.SOURCE_* of its verified drafts, -1 for none
+            "unplanned": bool(stats.unplanned),
+            "peeked": bool(stats.peeked),
         }) + "\n")

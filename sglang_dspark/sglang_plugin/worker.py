@@ -489,6 +489,8 @@ class DSparkExtWorker(BaseSpecWorker):
         stats.finish(verify_lens, accept_lens, fallback)
         if self.metrics is not None:  # only the Prometheus gauge reads it
             stats.retrieval_ece, stats.retrieval_ece_floor = self.retrieval.ece()
+            stats.retrieval_ece_served, stats.retrieval_ece_served_floor, stats.retrieval_predictions = \
+                self.retrieval.served_ece()
         # customized_info is per committed token, so it needs the accept lengths finish() just recorded
         logits_output = LogitsProcessorOutput(next_token_logits=None, customized_info=stats.customized_info(
             record_verify_lens=self.options.record_verify_lens))

@@ -28,6 +28,30 @@ def test_online_counts_converge_to_the_true_conditional_rate_and_are_calibrated(
     assert conf.scored("prompt", window=False) == [4000] * 4 and conf.scored("prompt") == [1024] * 4
 
 
+
+def test_served_ece_floor_falls_with_predictions_and_a_miscalibration_stands_out():
+    """Over everything served: calibrated predictions sit near their label-noise floor, which falls as
+    1 / sqrt(predictions) (the 1024-window's does not); predictions 0.2 too high show ~0.2 above it."""
+    rng = np.random.default_rng(1)
+
+    def serve(n, shift):
+        conf = RetrievalConfidence(1, sources=("prompt",))
+        for _ in range(n):
+            p = rng.uniform(0.1, 0.7)
+            conf.observe("prompt", 3, 1, np.array([min(p + shift, 1.0)]), 1, int(rng.random() < p))
+        return conf
+
+    small, large = serve(1000, 0.0), serve(16000, 0.0)
+    (ece_s,), (floor_s,) = small.served_ece("prompt")
+    (ece_l,), (floor_l,) = large.served_ece("prompt")
+    assert floor_l == pytest.approx(floor_s / 4, rel=0.25)  # 16x the predictions, a quarter of the floor
+    assert ece_l < 2.5 * floor_l and ece_l < 0.015
+    assert large.windowed_ece("prompt")[1][0] > 2 * floor_l  # the window keeps its ~1024-prediction floor
+    (ece_bad,), (floor_bad,) = serve(16000, 0.2).served_ece("prompt")
+    assert ece_bad == pytest.approx(0.2, abs=0.02) and floor_bad < 0.01
+    assert [math.isnan(x) for x in RetrievalConfidence(1).served_ece("corpus")[0]] == [True]
+
+
 def test_a_miscalibrated_prior_shows_in_the_ece_before_it_is_learnt():
     conf = RetrievalConfidence(2, sources=("prompt",))
     p = conf.probs("prompt", 1, 1, 2)
