@@ -94,6 +94,13 @@ PANELS = [
        f"{gauge('sglang:dspark_step_time_measured_seconds')}) / {gauge('sglang:dspark_step_time_measured_seconds')}",
        "relative error")],
      {"right_axis": ["relative error"]}),
+    ("Plain-decode gate", "none",
+     "The two ratios the plain-decode gate compares verify and plain steps with: a plain step's measured time over "
+     "the cost model's verify prediction at one token per request (rho), and a verify step's measured time over "
+     "its prediction (kappa). Verify plans are replaced by plain decoding when their expected tokens per second, "
+     "priced with kappa, fall below plain decoding's, priced with rho.",
+     [(gauge("sglang:dspark_gate_plain_ratio"), "rho (plain / predicted)"),
+      (gauge("sglang:dspark_gate_verify_ratio"), "kappa (verify / predicted)")], {}),
     ("Fallbacks to plain decoding and draft skipping", "short",
      "Decode steps per minute that fell back to plain decoding because the drafter failed (nan: non-finite "
      "output; exception: it raised; any sustained rate is a bug). Right axis: share of request-steps the drafter "

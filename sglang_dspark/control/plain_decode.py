@@ -14,6 +14,13 @@ kappa = measured verify step / predicted verify step (EWMA over verify steps) co
 it is locally biased: on the CPU engine the start-up fit under-predicted batch-2 verify steps by ~30% (132 ms
 measured vs ~100 ms predicted), which made verifying 0.15-confidence drafts look profitable. Both ratios are
 learned at the current operating point, so the comparison plain vs verify is made in measured seconds.
+
+kappa learns only from verify steps, so once it says "verify costs too much" it is never corrected: on a 2-core CPU a
+few verify steps slowed by another process (kappa up) followed by normal plain steps (rho back) switched a c = 1
+server's speculation off for good (2026-12-04: 3,202 plain-streak peeks in a row turned down, nothing verified for
+minutes while a later run of the same load verified throughout). So after EXPLORE_AFTER plans in a row replaced by
+plain decoding, the next one is let through: one verify step refreshes kappa (about 1% of the steps of a load where
+plain decoding is right, since plans are rare there).
 """
 
 from __future__ import annotations
@@ -31,14 +38,18 @@ RHO_BOUNDS = (0.05, 2.0)  # a measured ratio outside this is a hiccup (GC, first
 # Verify steps may really cost several times the start-up profile (a sampled batch's acceptance work, a different
 # attention path than profiled): a bound of 2 would drop exactly the ratios kappa exists to learn.
 KAPPA_BOUNDS = (0.05, 8.0)
+EXPLORE_AFTER = 32  # consecutive overridden plans after which one verify plan is let through to re-measure kappa
 
 
 class PlainDecodeGate:
-    def __init__(self, rate: float = 0.2):
+    def __init__(self, rate: float = 0.2, explore_after: int = EXPLORE_AFTER):
         self.rate = rate
+        self.explore_after = explore_after
         self.rho: float | None = None
         self.kappa = 1.0
         self.overrides = 0  # verify plans replaced by plain decoding (for logs and tests)
+        self.overrides_in_a_row = 0  # since the last verify step was measured
+        self.explorations = 0  # plans let through to re-measure kappa
 
     def observe_plain(self, measured_s: float, predicted_verify_s: float) -> None:
         if measured_s <= 0 or predicted_verify_s <= 0:
@@ -53,6 +64,7 @@ class PlainDecodeGate:
         if measured_s <= 0 or predicted_verify_s <= 0:
             return
         ratio = measured_s / predicted_verify_s
+        self.overrides_in_a_row = 0
         if KAPPA_BOUNDS[0] <= ratio <= KAPPA_BOUNDS[1]:
             self.kappa = (1 - self.rate) * self.kappa + self.rate * ratio
 
@@ -77,7 +89,12 @@ class PlainDecodeGate:
         R = lengths.numel()
         plain = R / (self.rho * float(cost_model.predict(R, R, kv_tokens)))
         if plain > self.expected_goodput(lengths, conf.cpu().float(), cost_model, kv_tokens):
+            if self.overrides_in_a_row >= self.explore_after:  # kappa has gone unmeasured for long enough
+                self.overrides_in_a_row = 0
+                self.explorations += 1
+                return lengths
             self.overrides += 1
+            self.overrides_in_a_row += 1
             return torch.zeros_like(lengths)
         return lengths
 

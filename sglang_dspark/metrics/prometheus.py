@@ -112,6 +112,10 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
                                    "source's ECE on the same predictions).", ("source", "position"), {}),
     "retrieval_predictions": ("gauge", "Predictions of a retrieval source verified at draft position p since "
                               "start-up (what retrieval_ece_served is over).", ("source", "position"), {}),
+    "gate_plain_ratio": ("gauge", "The plain-decode gate's rho: measured plain step over the cost model's verify "
+                         "prediction at one token per request (EWMA).", (), {}),
+    "gate_verify_ratio": ("gauge", "The plain-decode gate's kappa: measured verify step over its cost-model "
+                          "prediction (EWMA).", (), {}),
     "controller_info": ("gauge", "Constant 1; labels name the verify-length controller, gamma and drafter.",
                         ("controller", "gamma", "drafter"), {}),
 }
@@ -261,6 +265,10 @@ class DSparkMetrics:
             self._m("step_time_predicted_seconds").set(predicted_s)
         if measured_s is not None:
             self._m("step_time_measured_seconds").set(measured_s)
+        for metric, value in (("gate_plain_ratio", getattr(stats, "gate_rho", None)),
+                              ("gate_verify_ratio", getattr(stats, "gate_kappa", None))):
+            if value is not None:
+                self._m(metric).set(value)
         for p, ece in enumerate(ece_per_position or []):
             if ece is not None and math.isfinite(ece):  # nan = nothing verified at p since the last refit
                 self._m("calibration_ece", position=str(p + 1)).set(ece)

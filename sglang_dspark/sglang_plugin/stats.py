@@ -41,6 +41,8 @@ class StepStats:
     retrieval_ece_served: dict[str, list[float]] | None = None
     retrieval_ece_served_floor: dict[str, list[float]] | None = None
     retrieval_predictions: dict[str, list[int]] | None = None
+    gate_rho: float | None = None  # the plain-decode gate's ratios after this step (control/plain_decode.py)
+    gate_kappa: float | None = None
 
     def finish(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor, fallback: str | None) -> None:
         self.verify_lens = verify_lens.tolist()

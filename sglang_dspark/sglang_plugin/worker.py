@@ -591,6 +591,8 @@ class DSparkExtWorker(BaseSpecWorker):
 
     def _observe_metrics(self, stats: StepStats, committed: torch.Tensor, conf) -> None:
         bs, verified = stats.batch_size, sum(stats.verify_lens)
+        if self.plain_gate is not None:
+            stats.gate_rho, stats.gate_kappa = self.plain_gate.rho, self.plain_gate.kappa
         predicted = float(self.cost_model.predict(bs + verified, bs, int(committed.sum())))
         self.metrics.observe_step(stats, budget_tokens=verified, capacity_tokens=bs * self.gamma, running=bs,
                                   predicted_s=predicted, measured_s=stats.verify_s,

@@ -238,12 +238,21 @@ def _retrieval_served(prometheus, at: float) -> bool:
 
 
 RETRIEVAL_ONLY = "sglang:dspark_retrieval_ece"
+GATED_ONLY = "sglang:dspark_gate_"  # the plain-decode gate's ratios: only gated controllers have a gate
+
+
+def _gated(prometheus, at: float) -> bool:
+    from sglang_dspark.control.plain_decode import GATED_POLICIES
+
+    got = prom_query(prometheus, "sglang:dspark_controller_info", at)
+    return bool(got) and got[0]["metric"].get("controller", "").split(":")[0] in GATED_POLICIES
 
 
 def _dashboard_failures(prometheus, t0: float, eval_at: float) -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
     window = f"{int(eval_at - t0) + 10}s"  # the whole load, so rate() has many samples
     retrieval = _retrieval_served(prometheus, eval_at)
+    gated = _gated(prometheus, eval_at)
     failures = []
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
@@ -252,6 +261,8 @@ def _dashboard_failures(prometheus, t0: float, eval_at: float) -> list[str]:
             finite = [float(r["value"][1]) for r in result if math.isfinite(float(r["value"][1]))]
             if not result and not retrieval and RETRIEVAL_ONLY in expr:
                 continue  # no retrieval drafts served by this server: no retrieval ECE yet
+            if not result and not gated and GATED_ONLY in expr:
+                continue  # fixed:G and the other baselines run without the plain-decode gate
             if not finite:
                 failures.append(f"[{panel['title']}] {target['legendFormat']}: {expr} -> {result}")
     return failures

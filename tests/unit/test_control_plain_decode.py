@@ -140,3 +140,31 @@ def test_a_turned_down_peek_keeps_the_streak_and_a_verifying_one_ends_it():
     assert streak.skip(8)
     streak.observe_peek(3)  # a peek that verified 3 chain tokens: plan every step again
     assert not streak.skip(9) and streak.skipped == 2
+
+
+def test_a_stale_kappa_is_re_measured_after_a_run_of_overrides():
+    """Slow verify steps (another process on the cores) push kappa up; the gate then turns every plan down and no
+    verify step would ever correct kappa. After explore_after overrides in a row one plan is let through; its
+    measurement brings kappa back and the plans stand again."""
+    cost, gate = _cost(), PlainDecodeGate(explore_after=4)
+    gate.observe_plain(measured_s=0.0096, predicted_verify_s=0.012)
+    lengths, conf = torch.tensor([3, 3]), torch.full((2, 4), 0.9)
+    for _ in range(10):
+        gate.observe_verify(measured_s=0.040, predicted_verify_s=0.020)  # contended: 2x the prediction
+    plans = [gate.choose(lengths, conf, cost, 0) for _ in range(5)]
+    assert [int(p.sum()) for p in plans] == [0, 0, 0, 0, 6]  # the fifth is the exploration
+    assert gate.overrides == 4 and gate.explorations == 1
+    for _ in range(10):  # the explored verify steps run at the model's speed again
+        gate.observe_verify(measured_s=0.018, predicted_verify_s=0.020)
+    assert torch.equal(gate.choose(lengths, conf, cost, 0), lengths)
+    assert gate.overrides_in_a_row == 0
+
+
+def test_no_exploration_while_verify_steps_keep_being_measured():
+    cost, gate = _cost(), PlainDecodeGate(explore_after=2)
+    gate.observe_plain(measured_s=0.006, predicted_verify_s=0.012)
+    weak = torch.full((2, 4), 0.5)
+    for _ in range(6):
+        assert int(gate.choose(torch.tensor([3, 3]), weak, cost, 0).sum()) == 0
+        gate.observe_verify(measured_s=0.020, predicted_verify_s=0.020)  # another request's verify step
+    assert gate.explorations == 0

@@ -252,7 +252,7 @@ def test_multiprocess_export(tmp_path):
                       retrieval_ece_floor={"prompt": [0.04, float("nan")]},
                       retrieval_ece_served={"prompt": [0.02, float("nan")]},
                       retrieval_ece_served_floor={"prompt": [0.01, float("nan")]},
-                      retrieval_predictions={"prompt": [5000, 0]})
+                      retrieval_predictions={"prompt": [5000, 0]}, gate_rho=0.8, gate_kappa=1.1)
         s.finish(torch.tensor([3, 1]), torch.tensor([2, 0]), None)
         m.observe_step(s, budget_tokens=4, capacity_tokens=8, running=2, predicted_s=0.1, measured_s=0.2,
                        ece_per_position=[0.1, 0.2, 0.3, 0.4], conf=torch.full((2, 4), 0.5))
@@ -287,6 +287,8 @@ def test_multiprocess_export(tmp_path):
     assert by_src[("sglang:dspark_retrieval_ece_served_floor", "prompt", "1")] == pytest.approx(0.01)
     assert by_src[("sglang:dspark_retrieval_predictions", "prompt", "1")] == 5000
     assert by_src[("sglang:dspark_retrieval_predictions", "prompt", "2")] == 0
+    assert samples["sglang:dspark_gate_plain_ratio"].value == pytest.approx(0.8)
+    assert samples["sglang:dspark_gate_verify_ratio"].value == pytest.approx(1.1)
     assert samples["sglang:dspark_request_mean_tau_sum"].value == 2.0
     assert samples["sglang:dspark_request_mean_tau_sum"].labels == {"model_name": "m"}
 
