@@ -319,4 +319,6 @@ def test_render_dashboard_png(run, prometheus, tmp_path):
     dashboard = json.loads(DASHBOARD.read_text())
     optional = set() if _retrieval_served(prometheus, run["eval_at"]) else {
         p["title"] for p in dashboard["panels"] if all(RETRIEVAL_ONLY in t["expr"] for t in p["targets"])}
+    if not _gated(prometheus, run["eval_at"]):
+        optional |= {p["title"] for p in dashboard["panels"] if all(GATED_ONLY in t["expr"] for t in p["targets"])}
     assert all(n > 0 for title, n in counts.items() if title not in optional), counts
