@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sglang_dspark.bench.ab import scrape_retrieval_ece, scrape_step_counts  # noqa: E402
-from sglang_dspark.bench.load import run_load_sync  # noqa: E402
+from sglang_dspark.bench.load import LoadResult, run_load_sync  # noqa: E402
 from sglang_dspark.bench.machine import describe_machine  # noqa: E402
 from sglang_dspark.bench.prompts import eval_mix  # noqa: E402
 from sglang_dspark.bench.server import ServerProcess  # noqa: E402
@@ -41,12 +41,7 @@ def reading(url: str) -> dict:
 
 def by_source(results) -> dict:
     """Summed per-request `dspark.by_source` records: steps, verified and accepted drafts, tau per source."""
-    out: dict[str, dict] = {}
-    for r in results:
-        for name, rec in ((r.dspark or {}).get("by_source") or {}).items():
-            acc = out.setdefault(name, {"steps": 0, "verified": 0, "accepted": 0})
-            for k in acc:
-                acc[k] += int(rec.get(k, 0))
+    out = LoadResult(1, 0.0, list(results)).summary().get("by_source", {})
     for acc in out.values():
         acc["tau"] = round(1 + acc["accepted"] / acc["steps"], 4) if acc["steps"] else None
     return out

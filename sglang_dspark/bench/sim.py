@@ -50,7 +50,7 @@ from sglang_dspark.control import BatchContext, EngineCostModel, PlainDecodeGate
 from sglang_dspark.control.cost_model import nonnegative_lstsq
 from sglang_dspark.control.draft_skip import BatchProbeGate
 from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
-from sglang_dspark.control.plain_decode import GATED_POLICIES
+from sglang_dspark.control.plain_decode import is_gated
 
 DEFAULT_POLICIES = "none,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async,oracle"
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -299,7 +299,7 @@ def simulate(spec: str, data: TraceData, cost: EngineCostModel, draft: DraftCost
              overhead: StepOverhead | None = None) -> dict:
     """plain_cost None: every step is costed as a verify step (no fast path, no gate)."""
     policy = make_sim_policy(spec, cost, draft, concurrency, gamma)
-    gate = PlainDecodeGate() if plain_cost is not None and spec.split(":")[0] in GATED_POLICIES else None
+    gate = PlainDecodeGate() if plain_cost is not None and is_gated(spec) else None
     if gate is not None:  # the worker learns rho at its first plain step; the simulator knows it from the start
         k0 = int(data.kv_lens.float().mean() * concurrency)
         gate.observe_plain(float(plain_cost.predict(concurrency, concurrency, k0)),

@@ -34,11 +34,17 @@ from .draft_skip import PROBE_FIRST, PROBE_MAX_GAP
 # Policies whose verify plans the gate may replace by plain decoding (fixed / threshold keep their lengths exactly:
 # they are what A/B measurements ask for).
 GATED_POLICIES = ("dspark", "dspark-async", "sps-topk")
+
 RHO_BOUNDS = (0.05, 2.0)  # a measured ratio outside this is a hiccup (GC, first-call compile), not the engine
 # Verify steps may really cost several times the start-up profile (a sampled batch's acceptance work, a different
 # attention path than profiled): a bound of 2 would drop exactly the ratios kappa exists to learn.
 KAPPA_BOUNDS = (0.05, 8.0)
 EXPLORE_AFTER = 32  # consecutive overridden plans after which one verify plan is let through to re-measure kappa
+
+
+def is_gated(controller: str) -> bool:
+    """Whether a --dspark-controller spec ("dspark", "fixed:3", ...) runs with the plain-decode gate."""
+    return controller.split(":")[0] in GATED_POLICIES
 
 
 class PlainDecodeGate:

@@ -33,7 +33,7 @@ from sglang_dspark.control import (BatchContext, BatchProbeGate, CalibrationMoni
                                    StepOutcome, make_policy, survival, unmet_floors)
 from sglang_dspark.control.draft_skip import draft_mask
 from sglang_dspark.control.draft_value import PRICED_DRAFTING_POLICIES, drafting_pays, step_prices
-from sglang_dspark.control.plain_decode import GATED_POLICIES, PlainStreak, peek_worthy
+from sglang_dspark.control.plain_decode import PlainStreak, is_gated, peek_worthy
 from sglang_dspark.control.source_choice import choose_retrieval, proposal_value, skip_drafting
 from sglang_dspark.metrics.prometheus import DSparkMetrics, scheduler_labels
 from sglang_dspark.sglang_plugin import cpu_gemm
@@ -129,8 +129,8 @@ class DSparkExtWorker(BaseSpecWorker):
         # pass (control/draft_value.py); the other policies keep the plain rule "verified something" (A/B baselines)
         self.prices_drafting = self.options.controller.split(":")[0] in PRICED_DRAFTING_POLICIES
         self.profile_policy = make_policy(f"random:{self.gamma}", None, gamma=self.gamma)
-        # cost-aware controllers may also choose plain decoding for the whole batch (see GATED_POLICIES)
-        gated = self.options.plain_decode_fast_path and self.options.controller.split(":")[0] in GATED_POLICIES
+        # cost-aware controllers may also choose plain decoding for the whole batch (see is_gated)
+        gated = self.options.plain_decode_fast_path and is_gated(self.options.controller)
         self.plain_gate = PlainDecodeGate() if gated else None
         # no plan while plans keep verifying nothing (the gate or the policy choosing plain decoding)
         self.plain_streak = PlainStreak() if self.options.plain_decode_fast_path else None

@@ -242,10 +242,10 @@ GATED_ONLY = "sglang:dspark_gate_"  # the plain-decode gate's ratios: only gated
 
 
 def _gated(prometheus, at: float) -> bool:
-    from sglang_dspark.control.plain_decode import GATED_POLICIES
+    from sglang_dspark.control.plain_decode import is_gated
 
     got = prom_query(prometheus, "sglang:dspark_controller_info", at)
-    return bool(got) and got[0]["metric"].get("controller", "").split(":")[0] in GATED_POLICIES
+    return bool(got) and is_gated(got[0]["metric"].get("controller", ""))
 
 
 def _dashboard_failures(prometheus, t0: float, eval_at: float) -> list[str]:
