@@ -25,12 +25,18 @@ from sglang_dspark.bench.machine import describe_machine  # noqa: E402
 from sglang_dspark.bench.prompts import eval_mix  # noqa: E402
 from sglang_dspark.bench.server import ServerProcess  # noqa: E402
 from sglang_dspark.embedded import DEFAULT_DRAFTER_DIR  # noqa: E402
+from sglang_dspark.sglang_plugin.step_profile import SECTIONS_TAG  # noqa: E402
 
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def sections(table: str, steps: int) -> dict[str, float]:
-    """{section or op name: ms of CPU total per step} for the dspark.* ranges and the top ops of a profile table."""
+    """{range name: ms of CPU total per step} for the dspark.* ranges: from the profile's JSON sections line where it
+    has one, else from the rows of its (top-60) table."""
+    for line in table.splitlines():
+        if line.startswith(SECTIONS_TAG + " "):
+            ranges = json.loads(line[len(SECTIONS_TAG) + 1:])
+            return {k: round(v["cpu_total_ms"] / steps, 2) for k, v in ranges.items()}
     out = {}
     for line in table.splitlines():
         cols = re.split(r"\s{2,}", line.strip())

@@ -50,7 +50,7 @@ from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.target_sampling import (apply_custom_processors, custom_processor_rows,
                                                          processed_logits, sample_plain, samples_plain_itself)
 from sglang_dspark.sglang_plugin.stats import SOURCE_DRAFTER, StepStats, StepTrace, WorkerCounters
-from sglang_dspark.sglang_plugin.step_profile import StepProfiler, section
+from sglang_dspark.sglang_plugin.step_profile import StepProfiler, install_module_sections, section
 from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
 from sglang_dspark.sglang_plugin.verify_batch import (rewrite_as_plain_decode, rewrite_as_verify_extend,
                                                       skip_sampled_logits)
@@ -170,6 +170,8 @@ class DSparkExtWorker(BaseSpecWorker):
             result = self._prefill(batch)
         elif batch.forward_mode.is_decode():
             if self.profiler is not None:
+                if self.profiler.step == 0:  # the attention backend exists only once the server is up
+                    install_module_sections(self.model_runner)
                 self.profiler.before_step()
             result = self._decode(batch)
             if self.profiler is not None:
