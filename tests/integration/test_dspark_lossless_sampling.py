@@ -9,9 +9,13 @@ T=1 (per request: custom_params dspark_draft_temperature = "request"), and no sp
 (dspark_max_verify = 0: the worker's own plain-decode sampler).
 
 Statistic: chi-square over the cells of S^3 with expected count >= 5, every other sequence pooled into one cell
-(p > 0.01 required), and total variation distance between the empirical and exact laws over the same cells, below
+(p > LAW_ALPHA required), and total variation distance between the empirical and exact laws over the same cells,
+below
    bound = 1/2 sum_i sqrt(p_i / N)      (>= E[TV] by Jensen: E|X_i - N p_i| <= sqrt(N p_i))
-         + sqrt(ln(100) / (2 N))         (McDiarmid: TV moves by <= 1/N per sample; exceeded w.p. <= 1 %).
+         + sqrt(ln(1/LAW_ALPHA) / (2 N)) (McDiarmid: TV moves by <= 1/N per sample; exceeded w.p. <= LAW_ALPHA).
+LAW_ALPHA is 0.1%: server samples are unseeded, and the suite holds five such checks, so at 1% one CI run in ~20
+failed on a correct server (chi-square p = 0.0087, 2026-12-05). Power is unaffected: the wrong laws below give
+p < 1e-6.
 The same statistic must REJECT samples drawn (in the test) from deliberately wrong laws: the target tempered to
 T=1.1, and "accept every draft" (tokens 2-3 from the drafter's own Markov distribution).
 """
@@ -32,6 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 PROMPT = "Hello, world! How"
 CALL_SIZE = 1000  # prompts per /generate call
 MIN_EXPECTED = 5.0
+LAW_ALPHA = 1e-3  # false-alarm rate of each law check on a correct server
 
 
 class ExactLaw:
@@ -69,7 +74,7 @@ def check(law: ExactLaw, cell_ids: np.ndarray) -> dict:
 
     pval = float(chi2_dist.sf(chi2, df=len(p) - 1))
     tv = 0.5 * float(np.abs(obs / n - p).sum())
-    bound = 0.5 * float(np.sqrt(p / n).sum()) + math.sqrt(math.log(100) / (2 * n))
+    bound = 0.5 * float(np.sqrt(p / n).sum()) + math.sqrt(math.log(1 / LAW_ALPHA) / (2 * n))
     return {"n": n, "cells": len(p), "kept_mass": float(p[:-1].sum()), "chi2": chi2, "p": pval, "tv": tv,
             "tv_bound": bound}
 
@@ -142,8 +147,8 @@ def test_samples_follow_the_exact_target_law(drafts, laws, bigram_random4_server
         assert verified == 0 and set(lens) <= {0}, "dspark_max_verify = 0 must keep every step plain"
     else:
         assert 0 < accepted < verified, "rejection sampling must both accept and reject drafts here"
-        assert set(lens) == {0, 1, 2, 3, 4} or len(cells) < 1000, "random:4 should produce every verify length"
-    assert res["p"] > 0.01, f"chi-square rejects the target law: {res}"
+        assert set(lens) == {0, 1, 2, 3, 4} or len(lens) < 1000, "random:4 should produce every verify length"
+    assert res["p"] > LAW_ALPHA, f"chi-square rejects the target law: {res}"
     assert res["tv"] < res["tv_bound"], f"TV distance above the sampling bound: {res}"
 
 
@@ -164,7 +169,7 @@ def test_statistic_rejects_a_wrong_law(laws, wrong):
     good = check(laws["target"], draw(laws["target"]))
     print(wrong, "->", bad, "| control ->", good)
     assert bad["p"] < 1e-6, f"the statistic does not detect {wrong}: {bad}"
-    assert good["p"] > 1e-3 and good["tv"] < good["tv_bound"], good
+    assert good["p"] > LAW_ALPHA and good["tv"] < good["tv_bound"], good
 
 
 def test_greedy_on_the_ragged_server_matches_the_exact_chain(bigram_random4_server, models):
