@@ -6,8 +6,8 @@ Every linear layer of the embedded target (24 layers x qkv / o / gate_up / down,
 and its 151,936-row lm_head, run once per "step" at 1-16 rows: what a plain decode step of that many requests, or
 a verify pass of that many tokens, spends in GEMMs. Unlike a microbenchmark of one weight (benchmarks/
 cpu_gemm_dtype.py), nothing fits in the caches, as in serving. Kinds: torch (F.linear, bf16), avx2 (the AVX2
-kernel on fp32-upcast inputs), dp (the AVX512-BF16 kernel on bf16 inputs); a kernel that does not build here is
-left out. Kinds are interleaved per repeat so that drift on a shared machine hits them alike. JSON + PNG.
+kernel on fp32-upcast inputs), dp (the AVX512-BF16 kernel on bf16 inputs), amx (the AMX kernel; all these shapes
+fit its tiles); a kernel that does not build here is left out. Kinds are interleaved per repeat so that drift on a shared machine hits them alike. JSON + PNG.
 """
 
 from __future__ import annotations
@@ -43,13 +43,24 @@ def main() -> None:
     from sglang_dspark.sglang_plugin.cost_profile import cpu_identity
 
     kinds = {"torch": (F.linear, torch.bfloat16)}
-    for name, loader, dtype in (("avx2", cpu_bf16_gemm.load, torch.float32), ("dp", cpu_bf16_gemm.load_dp,
-                                                                                torch.bfloat16)):
+    amx = cpu_bf16_gemm.load_amx()
+
+    def dp_only(x, w):  # the AVX512-BF16 kernel even where the AMX one would take the shape
+        cpu_bf16_gemm._loaded_amx = (None, "dp kind")
+        try:
+            return cpu_bf16_gemm.small_m_linear(x, w)
+        finally:
+            cpu_bf16_gemm._loaded_amx = amx
+
+    for name, loader, linear, dtype in (("avx2", cpu_bf16_gemm.load, cpu_bf16_gemm.small_m_linear, torch.float32),
+                                        ("dp", cpu_bf16_gemm.load_dp, dp_only, torch.bfloat16),
+                                        ("amx", cpu_bf16_gemm.load_amx, cpu_bf16_gemm.small_m_linear,
+                                         torch.bfloat16)):
         fn, why = loader()
         if fn is None:
             print(f"{name} kernel unavailable here: {why}")
         else:
-            kinds[name] = (cpu_bf16_gemm.small_m_linear, dtype)  # the input dtype picks the kernel
+            kinds[name] = (linear, dtype)  # the input dtype picks the kernel
     g = torch.Generator().manual_seed(0)
     layers = [[torch.randn(o, i, generator=g).bfloat16() for o, i in LAYER_SHAPES] for _ in range(args.layers)]
     head = torch.randn(*LM_HEAD, generator=g).bfloat16()

@@ -46,11 +46,17 @@ CACHE_DIR = Path(os.environ.get("SGLANG_DSPARK_CACHE", Path.home() / ".cache" / 
 DP_SOURCE = "bf16_small_m_gemm_dp.c"
 DP_CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
 DP_REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
+AMX_SOURCE = "bf16_small_m_gemm_amx.c"
+AMX_CFLAGS = ("-O3", "-mamx-tile", "-mamx-bf16", "-fopenmp", "-shared", "-fPIC")
+AMX_REQUIRED_CPU_FLAGS = ("amx_tile", "amx_bf16")
+AMX_BLOCK = (16, 32)  # the AMX kernel's N and K granularity; other shapes take the dp kernel
 
 _loaded: tuple[object | None, str] | None = None  # (ctypes function or None, reason)
 _build_id = ""
 _loaded_dp: tuple[object | None, str] | None = None
 _dp_build_id = ""
+_loaded_amx: tuple[object | None, str] | None = None
+_amx_build_id = ""
 
 
 def _cpu_flags() -> set[str]:
@@ -81,8 +87,10 @@ def _compile(src: str, out: Path, name: str = SOURCE, cflags: tuple[str, ...] = 
         os.replace(so_tmp, out)  # atomic: concurrent builders (tests, TP ranks) never load a half-written file
 
 
-def _build(name: str, cflags: tuple[str, ...], required: tuple[str, ...], symbol: str, argtypes: list):
-    """(ctypes function, digest, "") or (None, "", why not): compiled into the cache once per source and flags."""
+def _build(name: str, cflags: tuple[str, ...], required: tuple[str, ...], symbol: str, argtypes: list,
+           init_symbol: str | None = None):
+    """(ctypes function, digest, "") or (None, "", why not): compiled into the cache once per source and flags.
+    init_symbol: a function of the library run once after loading; nonzero means the kernel cannot run here."""
     if os.environ.get(DISABLE_ENV):
         return None, "", f"disabled by {DISABLE_ENV}"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -95,7 +103,10 @@ def _build(name: str, cflags: tuple[str, ...], required: tuple[str, ...], symbol
         so_path = CACHE_DIR / f"{Path(name).stem}-{digest}.so"
         if not so_path.exists():
             _compile(src, so_path, name, cflags)
-        fn = getattr(ctypes.CDLL(str(so_path)), symbol)
+        lib = ctypes.CDLL(str(so_path))
+        if init_symbol is not None and (rc := getattr(lib, init_symbol)()) != 0:
+            return None, "", f"{init_symbol}() returned {rc}"
+        fn = getattr(lib, symbol)
         fn.argtypes = argtypes
         fn.restype = None
         return fn, digest, ""
@@ -131,6 +142,19 @@ def load_dp() -> tuple[object | None, str]:
     return _loaded_dp
 
 
+def load_amx() -> tuple[object | None, str]:
+    """(the AMX-BF16 kernel's ctypes function, "") or (None, why not); it also needs Linux to grant tile state."""
+    global _loaded_amx, _amx_build_id
+    if _loaded_amx is not None:
+        return _loaded_amx
+    fn, _amx_build_id, reason = _build(AMX_SOURCE, AMX_CFLAGS, AMX_REQUIRED_CPU_FLAGS, "bf16_small_m_gemm_amx",
+                                       _ARGTYPES, init_symbol="bf16_amx_init")
+    _loaded_amx = (fn, reason)
+    if fn is None:
+        logger.info("AMX-BF16 small-M CPU kernel unavailable: %s", reason)
+    return _loaded_amx
+
+
 def available() -> bool:
     return load()[0] is not None or load_dp()[0] is not None
 
@@ -138,17 +162,21 @@ def available() -> bool:
 def build_id() -> str:
     """The loaded builds' source-and-flags hashes ("" when none loaded): timings measured with one build are not
     reused for another."""
-    ids = [d for d, ok in ((_build_id, load()[0]), (_dp_build_id, load_dp()[0])) if ok is not None]
+    ids = [d for d, ok in ((_build_id, load()[0]), (_dp_build_id, load_dp()[0]), (_amx_build_id, load_amx()[0]))
+           if ok is not None]
     return "+".join(ids)
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for a bf16 CPU weight [N, K], with fp32 accumulation; output in x.dtype.
 
-    bf16 inputs take the AVX512-BF16 kernel where it builds (their values are its inputs as they are); others the
-    AVX2 kernel on their fp32 upcast. Falls back to F.linear where neither is available or the arguments are
+    bf16 inputs take the AMX kernel where it builds and the shape fits its tiles, else the AVX512-BF16 kernel
+    where it builds (their values are its inputs as they are); others the AVX2 kernel on their fp32 upcast. Falls back to F.linear where neither is available or the arguments are
     outside what they handle."""
     dp = load_dp()[0] if x.dtype == torch.bfloat16 else None
+    if dp is not None and weight.dim() == 2 and weight.shape[0] % AMX_BLOCK[0] == 0 \
+            and weight.shape[1] % AMX_BLOCK[1] == 0:
+        dp = load_amx()[0] or dp
     fn = dp if dp is not None else load()[0]
     if (fn is None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2
             or not weight.is_contiguous() or x.shape[-1] != weight.shape[1] or x.device.type != "cpu"):

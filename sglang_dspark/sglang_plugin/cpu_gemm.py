@@ -14,8 +14,9 @@ side is torch's own bf16 GEMM.
 
 On CPUs with native bf16 dot products (AVX512-BF16, AMX) torch's bf16 GEMM is the wide side instead: there the
 narrow side is the AVX512-BF16 kernel (vdpbf16ps, bf16 inputs), which on an EPYC Zen 4 runs the embedded model's
-one-row GEMMs in ~0.75x torch's time and eight rows in ~0.8x; each shape's crossover to torch is measured the same
-way, and no fp32 copy is made.
+one-row GEMMs in ~0.75x torch's time and eight rows in ~0.8x, and on CPUs with AMX the AMX kernel for every shape
+that fits its tiles: flat in the row count up to 16 rows (a Xeon's 8-row gate_up in 0.66x torch's time, its
+8-row lm_head in 0.69x); each shape's crossover to torch is measured the same way, and no fp32 copy is made.
 
 Numerics: the fp32 side multiplies the same bf16 values (upcast exactly) with fp32 accumulation and rounds the
 output to bf16, as torch's bf16 CPU GEMM also accumulates in fp32; outputs differ in summation order only, the
@@ -50,6 +51,8 @@ FP32_ATTR = "_dspark_fp32_copy"
 ROW_DISPATCH = "bf16-fp32-by-rows"  # narrow side: torch's bf16 GEMM
 KERNEL_DISPATCH = "bf16-smallm-by-rows"  # narrow side: kernels/cpu_bf16_gemm.py
 NATIVE_KERNEL_DISPATCH = "bf16dp-smallm-by-rows"  # native bf16 CPU: the AVX512-BF16 kernel, then torch's bf16 GEMM
+NATIVE_AMX_KERNEL_DISPATCH = "bf16amx-smallm-by-rows"  # the same with the AMX kernel for the shapes it takes
+NATIVE_KINDS = (NATIVE_KERNEL_DISPATCH, NATIVE_AMX_KERNEL_DISPATCH)
 DP_KERNEL_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 FORCED_CROSSOVER_ENV = "SGLANG_DSPARK_CPU_GEMM_CROSSOVER"  # tests: one crossover for every shape, nothing measured
 
@@ -145,11 +148,12 @@ def dispatchable(weight: torch.Tensor | None) -> bool:
 def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
              available_bytes: int | None, forced_crossover: int | None = None,
              narrow: Callable | None = None, narrow_id: str = "",
-             wide_bf16: bool = False) -> tuple[RowDtypeGemm | None, str]:
+             wide_bf16: bool = False, native_kind: str = NATIVE_KERNEL_DISPATCH) -> tuple[RowDtypeGemm | None, str]:
     """Measure (or read from the cache) each distinct shape's crossover, attach fp32 copies; (None, reason) when
     there is nothing to gain. narrow: the small-M kernel (None: torch's bf16 GEMM), narrow_id: its build, part of
     the cache key (a rebuilt kernel is measured again). wide_bf16 (a CPU with native bf16): torch's bf16 GEMM is
-    the wide side and no fp32 copy is made; without a kernel there is then nothing to plan. With the kernel a plan with no
+    the wide side and no fp32 copy is made (native_kind names which kernel builds: the cost model is keyed by it);
+    without a kernel there is then nothing to plan. With the kernel a plan with no
     fp32 copy still gains, and one whose copies do not fit in memory runs without them. forced_crossover (tests:
     the same path on any CPU) skips the measurement and the cache."""
     weights = [w for w in weights if dispatchable(w)]
@@ -159,7 +163,7 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
     if wide_bf16 and narrow is None:
         return None, "no small-M kernel here, and torch's bf16 GEMM is native"
     kind, rows = (ROW_DISPATCH, CALIBRATION_ROWS) if narrow is None else (KERNEL_DISPATCH, KERNEL_CALIBRATION_ROWS)
-    kind = NATIVE_KERNEL_DISPATCH if wide_bf16 else kind
+    kind = native_kind if wide_bf16 else kind
     narrow = narrow or F.linear
     cache_key = cpu_key if kind == ROW_DISPATCH else f"{cpu_key}; {kind} {narrow_id}".rstrip()  # aten: old key
     cache = {} if forced_crossover is not None else _read_cache(cache_path, cache_key)
@@ -185,7 +189,7 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
             return None, "torch's bf16 GEMM is the cheaper side at every measured row count"
         gemm = RowDtypeGemm(crossovers, narrow, kind, wide_fp32=False)
         summary = ", ".join(f"{o}x{i}: {'never' if c is None else f'>= {c} rows'}" for (o, i), c in crossovers.items())
-        return gemm, f"AVX512-BF16 small-M kernel below the crossover; torch's bf16 GEMM from: {summary}"
+        return gemm, f"AVX512-BF16 / AMX small-M kernel below the crossover; torch's bf16 GEMM from: {summary}"
     unique = {w.data_ptr(): w for w in weights if crossovers[tuple(w.shape)] is not None}  # tied lm_head once
     need = sum(w.numel() * 4 for w in unique.values())
     note = ""
@@ -243,6 +247,12 @@ def _kernel():
     return cpu_bf16_gemm.small_m_linear if cpu_bf16_gemm.available() else None
 
 
+def _native_kind() -> str:
+    from kernels import cpu_bf16_gemm
+
+    return NATIVE_AMX_KERNEL_DISPATCH if cpu_bf16_gemm.load_amx()[0] is not None else NATIVE_KERNEL_DISPATCH
+
+
 def _kernel_id() -> str:
     from kernels import cpu_bf16_gemm
 
@@ -257,7 +267,8 @@ def _plan(weights: list[torch.Tensor], forced_crossover: int | None = None) -> t
     return plan_for(weights, str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"), cost_profile.cpu_identity(),
                     available_memory(), forced_crossover, _kernel(), _kernel_id(),
                     # the forced crossover (tests) pins the fp32-copy path on every CPU
-                    wide_bf16=forced_crossover is None and bool(flags) and has_native_bf16(set(flags.split())))
+                    wide_bf16=forced_crossover is None and bool(flags) and has_native_bf16(set(flags.split())),
+                    native_kind=_native_kind())
 
 
 def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda: bool) -> str:
@@ -266,7 +277,7 @@ def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda:
     if cuda or dtype not in ("bfloat16", "bf16") or not wants_row_dispatch(mode, cpu_flags):
         return "native"
     if cpu_flags is not None and has_native_bf16(cpu_flags):
-        return NATIVE_KERNEL_DISPATCH if _kernel() is not None else "native"
+        return _native_kind() if _kernel() is not None else "native"
     return KERNEL_DISPATCH if _kernel() is not None else ROW_DISPATCH
 
 

@@ -79,7 +79,7 @@ def load_drafter_for_target(path: str, target_model, model_config, options, devi
     drafter = load_drafter(path, target_embed=embed, target_lm_head=lm_head, dtype=dtype, device=device,
                            draft_vocab=not options.full_draft_vocab)
     # a bf16 drafter on the small-M kernel too (AVX2 or AVX512-BF16): a draft pass is R x gamma rows, its range
-    if not options.draft_dtype and gemm_kind in (cpu_gemm.KERNEL_DISPATCH, cpu_gemm.NATIVE_KERNEL_DISPATCH):
+    if not options.draft_dtype and gemm_kind in (cpu_gemm.KERNEL_DISPATCH, *cpu_gemm.NATIVE_KINDS):
         logger.info("dspark drafter gemm: %s", cpu_gemm.route_drafter(drafter))
     if options.sts_path:
         sts = load_sts_params(options.sts_path)

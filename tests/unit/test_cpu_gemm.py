@@ -26,7 +26,10 @@ def test_auto_mode_follows_the_cpu_flags():
     assert predicted_gemm_kind("auto", AVX2, "bfloat16", cuda=True) == "native"
     native = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
     assert predicted_gemm_kind("auto", native, "bfloat16", cuda=False) == (
-        cpu_gemm.NATIVE_KERNEL_DISPATCH if cpu_gemm._kernel() is not None else "native")
+        cpu_gemm._native_kind() if cpu_gemm._kernel() is not None else "native")
+    from kernels import cpu_bf16_gemm
+    assert cpu_gemm._native_kind() == (cpu_gemm.NATIVE_AMX_KERNEL_DISPATCH if cpu_bf16_gemm.load_amx()[0] is not None
+                                       else cpu_gemm.NATIVE_KERNEL_DISPATCH)
     assert predicted_gemm_kind("off", native, "bfloat16", cuda=False) == "native"
 
 
@@ -278,6 +281,9 @@ def test_native_bf16_plan_keeps_torch_bf16_as_the_wide_side_and_makes_no_copy(tm
     assert torch.equal(gemm.linear(x3, w_a), F.linear(x3, w_a)) and calls == [3]
     assert torch.equal(gemm.linear(x5, w_a), F.linear(x5, w_a)) and calls == [3]  # torch's bf16 GEMM
     assert torch.equal(gemm.linear(x5, w_b), F.linear(x5, w_b)) and calls == [3, 5]  # never crosses over
+    amx, _ = plan_for([w_a, w_b], str(cache), "cpu-A", available_bytes=1000, narrow=_spy_narrow(calls),
+                      narrow_id="amx-build", wide_bf16=True, native_kind=cpu_gemm.NATIVE_AMX_KERNEL_DISPATCH)
+    assert amx.kind == cpu_gemm.NATIVE_AMX_KERNEL_DISPATCH  # its own cost-model key: a new kernel is re-profiled
     gemm, reason = plan_for([_weight(8, 32, 2)], str(cache), "cpu-A", None, narrow=_spy_narrow(calls),
                             wide_bf16=True)
     assert gemm is None and "every measured row count" in reason

@@ -23,6 +23,13 @@ def _dp_kernel_or_skip():
         pytest.skip(f"AVX512-BF16 small-M kernel unavailable: {reason}")
 
 
+def _amx_kernel_or_skip():
+    fn, reason = cpu_bf16_gemm.load_amx()
+    if fn is None:
+        print(f"AMX-BF16 small-M kernel unavailable here: {reason}")
+        pytest.skip(f"AMX-BF16 small-M kernel unavailable: {reason}")
+
+
 def _reference(x, w, bias=None):
     """fp64 product of the same (exactly upcast) values: the kernel's fp32 sums must land within fp32 rounding."""
     y = x.double() @ w.double().T
@@ -51,6 +58,7 @@ def test_the_dp_kernel_matches_the_reference_for_ragged_shapes(m, n, k, monkeypa
     """bf16 inputs: every K tail (masked loads), every row remainder of the 4-row blocks, N not a multiple of 4."""
     _dp_kernel_or_skip()
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded", (None, "only the dp kernel under test"))
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_amx", (None, "only the dp kernel under test"))
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     w = torch.randn(n, k, generator=g).bfloat16()
     x = torch.randn(m, k, generator=g).bfloat16()
@@ -62,6 +70,54 @@ def test_the_dp_kernel_matches_the_reference_for_ragged_shapes(m, n, k, monkeypa
         # fp32 sums of exact bf16 products, then one rounding to bf16 (2^-8 relative) of the output
         bound = 1e-5 * (x.double().abs() @ w.double().abs().T + 1) + 2 ** -8 * want.abs()
         assert ((got.double() - want).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 33])
+@pytest.mark.parametrize("n,k", [(16, 32), (48, 96), (1152, 896), (32, 4864)])
+def test_the_amx_kernel_matches_the_reference(m, n, k, monkeypatch):
+    """Tile shapes: one and several 16-row blocks of W, an odd and an even number of 32-wide k-chunks (the two
+    accumulator tiles), rows of x past one 16-row tile and zero-padded ones."""
+    _amx_kernel_or_skip()
+    calls = []
+    real = cpu_bf16_gemm.load_amx()[0]
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_amx", (lambda *a: calls.append(a) or real(*a), ""))
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    x = torch.randn(m, k, generator=g).bfloat16()
+    bias = torch.randn(n, generator=g).bfloat16()
+    for b in (None, bias):
+        got = small_m_linear(x, w, b)
+        assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+        want = _reference(x, w, b)
+        bound = 1e-5 * (x.double().abs() @ w.double().abs().T + 1) + 2 ** -8 * want.abs()
+        assert ((got.double() - want).abs() <= bound).all()
+    assert len(calls) == 2  # the AMX kernel ran, not the dp one
+
+
+def test_shapes_off_the_amx_tiles_take_the_dp_kernel(monkeypatch):
+    _amx_kernel_or_skip()
+    _dp_kernel_or_skip()
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_amx", (lambda *a: pytest.fail("AMX kernel on an off-tile shape"), ""))
+    for n, k in ((130, 896), (32, 40)):
+        w = torch.randn(n, k).bfloat16()
+        x = torch.randn(3, k).bfloat16()
+        assert small_m_linear(x, w).shape == (3, n)
+
+
+def test_the_amx_kernel_is_batch_and_thread_invariant():
+    _amx_kernel_or_skip()
+    w = torch.randn(304, 896).bfloat16()
+    x = torch.randn(19, 896).bfloat16()
+    full = small_m_linear(x, w)
+    for i in range(19):
+        assert torch.equal(small_m_linear(x[i:i + 1], w), full[i:i + 1])
+    assert torch.equal(small_m_linear(x[3:9], w), full[3:9])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(small_m_linear(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_dp_kernel_is_batch_and_thread_invariant():
@@ -112,6 +168,7 @@ def test_falls_back_to_torch_where_the_kernel_cannot_run(monkeypatch):
     x = torch.randn(3, 8).bfloat16()
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded", (None, "test"))
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded_dp", (None, "test"))
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_amx", (None, "test"))
     assert torch.equal(small_m_linear(x, w), F.linear(x, w))
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded", None)
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded_dp", None)
@@ -141,3 +198,6 @@ def test_a_failed_build_is_reported_not_raised(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_bf16_gemm, "_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
     assert cpu_bf16_gemm.load_dp() == (None, "the CPU lacks avx512bw, avx512_bf16")
     monkeypatch.setattr(cpu_bf16_gemm, "_loaded_dp", None)
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_amx", None)
+    assert cpu_bf16_gemm.load_amx() == (None, "the CPU lacks amx_tile, amx_bf16")
+    monkeypatch.setattr(cpu_bf16_gemm, "_loaded_amx", None)
