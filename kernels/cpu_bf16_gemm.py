@@ -114,6 +114,8 @@ def _build(name: str, cflags: tuple[str, ...], required: tuple[str, ...], symbol
         return None, "", f"could not build the C kernel ({exc})"
 
 
+build_kernel = _build  # for the other C kernels of this folder (kernels/cpu_rotary.py)
+
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
 
 

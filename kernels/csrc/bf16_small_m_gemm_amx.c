@@ -8,7 +8,8 @@
  * Layout: the product is computed transposed, C[n, m] = W[n, :] . x[m, :], so that W's rows load straight into
  * the A tile (16 weight rows x 32 k, stride K) with no repacking of the weights; x, a few KB, is repacked per call
  * into the B tiles' pair-interleaved layout (16 k-pairs x 16 rows of x x 2), zero-padded past M. Each thread
- * takes 16-row blocks of W; two accumulator tiles (even / odd k-chunks) keep consecutive tile products
+ * takes 16-row blocks of W and runs every 16-row tile of x against one while it is in L2, so W is streamed once
+ * for any M; two accumulator tiles (even / odd k-chunks) keep consecutive tile products
  * independent. Needs K % 32 == 0 and N % 16 == 0 (the caller checks; other shapes take the AVX512-BF16 kernel).
  */
 #include <immintrin.h>
@@ -68,31 +69,34 @@ void bf16_small_m_gemm_amx(const uint16_t *x, const uint16_t *w, const float *bi
         configure_tiles();
         float c0[16][16], c1[16][16];
 #pragma omp for schedule(static)
-        for (long job = 0; job < mchunks * nblocks; job++) {
-            long mc = job / nblocks, n0 = (job % nblocks) * 16;
-            const uint16_t *wb = w + n0 * K, *xb = xp + mc * kchunks * 512;
-            _tile_zero(0);
-            _tile_zero(1);
-            long kc = 0;
-            for (; kc + 1 < kchunks; kc += 2) {
-                _tile_loadd(2, wb + kc * 32, wstride);
-                _tile_loadd(4, xb + kc * 512, 64);
-                _tile_loadd(3, wb + (kc + 1) * 32, wstride);
-                _tile_loadd(5, xb + (kc + 1) * 512, 64);
-                _tile_dpbf16ps(0, 2, 4);
-                _tile_dpbf16ps(1, 3, 5);
-            }
-            if (kc < kchunks) {
-                _tile_loadd(2, wb + kc * 32, wstride);
-                _tile_loadd(4, xb + kc * 512, 64);
-                _tile_dpbf16ps(0, 2, 4);
-            }
-            _tile_stored(0, c0, 64);
-            _tile_stored(1, c1, 64);
-            long rows = M - mc * 16 < 16 ? M - mc * 16 : 16;
-            for (long j = 0; j < rows; j++) {
-                float *yr = y + (mc * 16 + j) * N + n0;
-                for (int i = 0; i < 16; i++) yr[i] = c0[i][j] + c1[i][j] + (bias ? bias[n0 + i] : 0.0f);
+        for (long nb = 0; nb < nblocks; nb++) {
+            long n0 = nb * 16;
+            const uint16_t *wb = w + n0 * K;
+            for (long mc = 0; mc < mchunks; mc++) { /* W's block (28-152 KB here) stays in L2 across row tiles */
+                const uint16_t *xb = xp + mc * kchunks * 512;
+                _tile_zero(0);
+                _tile_zero(1);
+                long kc = 0;
+                for (; kc + 1 < kchunks; kc += 2) {
+                    _tile_loadd(2, wb + kc * 32, wstride);
+                    _tile_loadd(4, xb + kc * 512, 64);
+                    _tile_loadd(3, wb + (kc + 1) * 32, wstride);
+                    _tile_loadd(5, xb + (kc + 1) * 512, 64);
+                    _tile_dpbf16ps(0, 2, 4);
+                    _tile_dpbf16ps(1, 3, 5);
+                }
+                if (kc < kchunks) {
+                    _tile_loadd(2, wb + kc * 32, wstride);
+                    _tile_loadd(4, xb + kc * 512, 64);
+                    _tile_dpbf16ps(0, 2, 4);
+                }
+                _tile_stored(0, c0, 64);
+                _tile_stored(1, c1, 64);
+                long rows = M - mc * 16 < 16 ? M - mc * 16 : 16;
+                for (long j = 0; j < rows; j++) {
+                    float *yr = y + (mc * 16 + j) * N + n0;
+                    for (int i = 0; i < 16; i++) yr[i] = c0[i][j] + c1[i][j] + (bias ? bias[n0 + i] : 0.0f);
+                }
             }
         }
         _tile_release();

@@ -41,10 +41,11 @@ def load() -> None:
     HookRegistry.register(
         "sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND
     )
-    from sglang_dspark.sglang_plugin import api_hooks, cpu_gemm, request_params
+    from sglang_dspark.sglang_plugin import api_hooks, cpu_gemm, cpu_rotary, request_params
     from sglang_dspark.sglang_plugin.registration import register_algorithm
 
     api_hooks.register(HookRegistry, HookType)
     request_params.register(HookRegistry, HookType)
     cpu_gemm.register(HookRegistry, HookType)
+    cpu_rotary.register(HookRegistry, HookType)
     register_algorithm()
