@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's kernels/ package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's dspark_kernels/ package
 
 LAYER_SHAPES = ((1152, 896), (896, 896), (9728, 896), (896, 4864))  # qkv, o, gate_up, down: (out, in)
 LM_HEAD = (151936, 896)
@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--out", default=f"benchmarks/results/cpu-gemm-dp-{datetime.date.today()}.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from kernels import cpu_bf16_gemm
+    from dspark_kernels import cpu_bf16_gemm
     from sglang_dspark.sglang_plugin.cost_profile import cpu_identity
 
     kinds = {"torch": (F.linear, torch.bfloat16)}

@@ -7,7 +7,7 @@ Shapes of the embedded target (Qwen2.5-Coder-0.5B): the fused gate/up projection
 4864 -> 896 and the 151,936-row lm_head, at 1 to 64 rows (one decode step of that many requests, or a verify chain of
 that many tokens). On a CPU with native bf16 dot products (AVX512-BF16, AMX) bf16 rows are cheap until the weights
 stop being the bottleneck; without them torch's bf16 costs grow with the rows. "bf16-kernel" is
-kernels/cpu_bf16_gemm.small_m_linear (bf16 weights read once for all rows; torch's bf16 where it cannot be built).
+dspark_kernels/cpu_bf16_gemm.small_m_linear (bf16 weights read once for all rows; torch's bf16 where it cannot be built).
 Prints the CPU's model and vector ISA with the table; writes the JSON and a PNG next to it.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's kernels/ package, not benchmarks/kernels.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's dspark_kernels/ package, not benchmarks/kernels.py
 
 SHAPES = {"gate_up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/cpu_gemm_dtype.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from kernels.cpu_bf16_gemm import load, small_m_linear
+    from dspark_kernels.cpu_bf16_gemm import load, small_m_linear
     from sglang_dspark.bench.draft_cost import median_time
     from sglang_dspark.sglang_plugin.cost_profile import cpu_identity
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's kernels/ package, not benchmarks/kernels.py
-from kernels.cpu_verify_attention import chain_attention_sdpa  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's dspark_kernels/ package, not benchmarks/kernels.py
+from dspark_kernels.cpu_verify_attention import chain_attention_sdpa  # noqa: E402
 
 H, HKV, HD, LAYERS = 14, 2, 64, 24
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's kernels/ package, not benchmarks/kernels.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's dspark_kernels/ package, not benchmarks/kernels.py
 
 from sglang_dspark.bench.draft_cost import draft_inputs, median_time
 from sglang_dspark.drafter.checkpoint import load_drafter

@@ -1,4 +1,4 @@
-"""GPU check + timing of the kernels/ package against its torch references (issue #7).
+"""GPU check + timing of the dspark_kernels/ package against its torch references (issue #7).
 
     .venv/bin/python benchmarks/kernels.py [--out benchmarks/results/kernels.json] [--iters 20] [--quick]
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: the kernels/ package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: the dspark_kernels/ package
 
 
 DEVICE = "cuda"
@@ -153,8 +153,8 @@ MARKOV_SWEEP = (  # step-kernel configurations timed after the default one (mark
 
 
 def run_markov(args, results):
-    from kernels import markov_sample_reference, markov_sample_triton
-    from kernels.markov_sampler import markov_launch_config
+    from dspark_kernels import markov_sample_reference, markov_sample_triton
+    from dspark_kernels.markov_sampler import markov_launch_config
 
     R, G, V, rank = _shape("markov", args.quick)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
@@ -232,7 +232,7 @@ def run_markov(args, results):
 
 
 def run_accept(args, results):
-    from kernels import ragged_accept_reference, ragged_accept_triton
+    from dspark_kernels import ragged_accept_reference, ragged_accept_triton
 
     R, G, V = _shape("accept", args.quick)
     gen = torch.Generator(device=DEVICE).manual_seed(1)
@@ -272,9 +272,9 @@ def run_accept(args, results):
 
 
 def run_verify(args, results):
-    from kernels import (HAS_FLASHINFER, FlashInferRaggedVerify, kv_indptr_from_lens,
+    from dspark_kernels import (HAS_FLASHINFER, FlashInferRaggedVerify, kv_indptr_from_lens,
                          ragged_verify_attention_reference, ragged_verify_attention_triton)
-    from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR
+    from dspark_kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR
 
     H, Hkv, hd, ps = 32, 8, 128, 16  # Qwen3-8B attention
     slots, width, max_prefix = _shape("verify", args.quick)
@@ -356,7 +356,7 @@ def run_verify(args, results):
 
 def run_verify_static(args, live, ref, slots, width, num_pages, us_eager_run_ms):
     """FlashInferStaticVerify: planned once, per step only stage() (no plan) + replay."""
-    from kernels.flashinfer_static_verify import FlashInferStaticVerify
+    from dspark_kernels.flashinfer_static_verify import FlashInferStaticVerify
 
     q, k, v, qo, kvp, pages, lens = live
     fsv = FlashInferStaticVerify(slots, width, max_pages=num_pages, num_qo_heads=q.shape[1],
@@ -430,7 +430,7 @@ def main() -> int:
         print("benchmarks/kernels.py: no CUDA device; nothing to measure (kernels are tested on CPU by "
               "tests/unit/test_kernels_*.py under TRITON_INTERPRET=1).")
         return 0
-    from kernels import HAS_TRITON
+    from dspark_kernels import HAS_TRITON
 
     if not HAS_TRITON:
         print("benchmarks/kernels.py: triton is not importable; nothing to measure.")

@@ -5,13 +5,13 @@ import os
 import pytest
 import torch
 
-# Triton picks interpreter vs compiled for each kernel when kernels/ is first imported. On a CPU-only machine the
+# Triton picks interpreter vs compiled for each kernel when dspark_kernels/ is first imported. On a CPU-only machine the
 # kernel tests need the interpreter, and in a whole-suite run other modules (SGLang's, imported while collecting)
 # must not touch Triton before our kernels are decorated, so decide here, before any test module is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     try:
-        import kernels  # noqa: F401
+        import dspark_kernels  # noqa: F401
     except ImportError:  # triton missing: the kernel tests skip with the reason
         pass
 

@@ -13,20 +13,20 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 def device_or_skip(device: str, kernel) -> None:
     """Skip a case (with the reason) unless `kernel` (None: Triton missing) can run on `device`: CPU needs the
-    Triton interpreter, chosen before kernels/ was imported; CUDA needs a device and the interpreter off."""
+    Triton interpreter, chosen before dspark_kernels/ was imported; CUDA needs a device and the interpreter off."""
     if kernel is None:
         pytest.skip("triton is not importable")
     if device == "cpu" and not INTERPRET:
         pytest.skip("CPU case needs TRITON_INTERPRET=1 (disabled because CUDA is present)")
     if device == "cpu" and type(kernel).__name__ != "InterpretedFunction":
-        pytest.skip("kernels/ was imported before TRITON_INTERPRET=1 was set; run this file on its own")
+        pytest.skip("dspark_kernels/ was imported before TRITON_INTERPRET=1 was set; run this file on its own")
     if device == "cuda" and (not torch.cuda.is_available() or INTERPRET):
         pytest.skip("no CUDA device (or the interpreter is forced on)")
 
 
 def cuda_flashinfer_or_skip() -> None:
     """Skip (printing the reason) unless a CUDA device and an importable FlashInfer are both present."""
-    from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER
+    from dspark_kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER
 
     if not torch.cuda.is_available():
         print("SKIP reason: no CUDA device")
@@ -40,7 +40,7 @@ def ragged_layout(chain_lens, prefix_lens, H, Hkv, hd, page_size, dtype, device=
                   num_pages=None):
     """Packed queries plus a shuffled paged (or flat, page_size 1) cache holding prefix + chain K/V:
     [q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens] on `device`."""
-    from kernels import kv_indptr_from_lens
+    from dspark_kernels import kv_indptr_from_lens
 
     gen = torch.Generator().manual_seed(seed)
     n = torch.tensor(chain_lens, dtype=torch.int32)

@@ -299,7 +299,7 @@ class DSparkDraftModel(nn.Module):
                 sampler: str = "auto", all_greedy: bool | None = None) -> Proposal:
         """One draft round for R requests: anchor/anchor_pos [R], temperature [R] (0 => greedy).
         Markov-corrected tokens are sampled left to right, each fed back as the next `prev` (reference §1.6).
-        sampler: "auto" = the Triton Markov sampler (kernels/) for a vanilla head on CUDA, this torch loop
+        sampler: "auto" = the Triton Markov sampler (dspark_kernels/) for a vanilla head on CUDA, this torch loop
         otherwise; "triton" / "torch" force one (tests).
         all_greedy: the caller's host-side knowledge that every temperature is 0 (it must be true); None reads
         it from `temperature`, one device sync on a GPU."""
@@ -339,13 +339,13 @@ class DSparkDraftModel(nn.Module):
         if sampler == "triton":
             return True
         try:
-            from kernels._rng import HAS_TRITON
+            from dspark_kernels._rng import HAS_TRITON
         except ImportError:
             return False
         return HAS_TRITON and h.is_cuda
 
     def _propose_with_kernel(self, h, base, anchor, temperature, generator, all_greedy: bool) -> Proposal:
-        from kernels import markov_sample
+        from dspark_kernels import markov_sample
 
         R = base.shape[0]
         seeds = torch.randint(0, 2**62, (R,), generator=generator, device=generator.device if generator else "cpu")

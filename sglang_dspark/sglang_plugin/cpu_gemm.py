@@ -7,7 +7,7 @@ cost 3x one row. Which is cheaper depends on the row count, and it changes insid
 at concurrency 1 is one row per layer call, a verify pass or a batch of 8 requests is 8 or more, a prefill
 hundreds. So each GEMM shape gets a measured crossover row count, and every call takes the cheaper side.
 
-The narrow side is our small-M kernel (kernels/cpu_bf16_gemm.py) where it builds: it reads the bf16 weights once
+The narrow side is our small-M kernel (dspark_kernels/cpu_bf16_gemm.py) where it builds: it reads the bf16 weights once
 for all rows, so 8 rows cost 2-4x one row instead of 7.6x, and it beats fp32 up to ~32 rows; fp32 copies are then
 kept only for shapes where fp32 still wins at some measured count (prefill widths). Without the kernel the narrow
 side is torch's own bf16 GEMM.
@@ -49,7 +49,7 @@ KERNEL_CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the kernel stays ahead of 
 MODES = ("auto", "on", "off")
 FP32_ATTR = "_dspark_fp32_copy"
 ROW_DISPATCH = "bf16-fp32-by-rows"  # narrow side: torch's bf16 GEMM
-KERNEL_DISPATCH = "bf16-smallm-by-rows"  # narrow side: kernels/cpu_bf16_gemm.py
+KERNEL_DISPATCH = "bf16-smallm-by-rows"  # narrow side: dspark_kernels/cpu_bf16_gemm.py
 NATIVE_KERNEL_DISPATCH = "bf16dp-smallm-by-rows"  # native bf16 CPU: the AVX512-BF16 kernel, then torch's bf16 GEMM
 NATIVE_AMX_KERNEL_DISPATCH = "bf16amx-smallm-by-rows"  # the same with the AMX kernel for the shapes it takes
 NATIVE_KINDS = (NATIVE_KERNEL_DISPATCH, NATIVE_AMX_KERNEL_DISPATCH)
@@ -242,19 +242,19 @@ _ACTIVE: RowDtypeGemm | None = None
 
 def _kernel():
     """The small-M kernel's linear, or None where it cannot be built here (the reason is logged once)."""
-    from kernels import cpu_bf16_gemm
+    from dspark_kernels import cpu_bf16_gemm
 
     return cpu_bf16_gemm.small_m_linear if cpu_bf16_gemm.available() else None
 
 
 def _native_kind() -> str:
-    from kernels import cpu_bf16_gemm
+    from dspark_kernels import cpu_bf16_gemm
 
     return NATIVE_AMX_KERNEL_DISPATCH if cpu_bf16_gemm.load_amx()[0] is not None else NATIVE_KERNEL_DISPATCH
 
 
 def _kernel_id() -> str:
-    from kernels import cpu_bf16_gemm
+    from dspark_kernels import cpu_bf16_gemm
 
     return cpu_bf16_gemm.build_id()
 

@@ -1,6 +1,6 @@
 """The target's attention during DSPARK_EXT verify forwards on SGLang's torch_native backend (the CPU default).
 
-SGLang's torch_native EXTEND pads each request's query to its whole KV length (kernels/cpu_verify_attention.py says
+SGLang's torch_native EXTEND pads each request's query to its whole KV length (dspark_kernels/cpu_verify_attention.py says
 why that dominates a verify step on a CPU). While the worker runs a verify forward it switches the backend to
 `chain_attention_sdpa`; prefill and plain decode keep SGLang's own code. The backend object is re-classed in place
 (not rebuilt) so every reference SGLang holds to it - forward batches, CUDA-graph runners - stays valid.
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from kernels.cpu_verify_attention import chain_attention_sdpa
+from dspark_kernels.cpu_verify_attention import chain_attention_sdpa
 
 
 class TorchNativeChainVerifyBackend(TorchNativeAttnBackend):

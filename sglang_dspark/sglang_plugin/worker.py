@@ -57,8 +57,8 @@ from sglang_dspark.sglang_plugin.verify_batch import (rewrite_as_plain_decode, r
 from sglang_dspark.verify import accept_greedy
 from sglang_dspark.verify.result import AcceptResult, assemble_result
 
-try:  # kernels/ ships with this package; Triton may be missing (CPU-only installs without it)
-    from kernels._rng import HAS_TRITON as _HAS_TRITON
+try:  # dspark_kernels/ ships with this package; Triton may be missing (CPU-only installs without it)
+    from dspark_kernels._rng import HAS_TRITON as _HAS_TRITON
 except ImportError:
     _HAS_TRITON = False
 from sglang_dspark.verify.support import DraftDistribution, accept_rejection_packed, target_support
@@ -678,12 +678,12 @@ class DSparkExtWorker(BaseSpecWorker):
 
 def greedy_accept(drafts, verify_lens, packed_argmax, dense_index, backend: str = "auto") -> AcceptResult:
     """Greedy acceptance over the packed verify rows. On CUDA (backend "auto") one Triton launch
-    (kernels/ragged_accept.py, 19 us at 256 x 7 inside a CUDA graph on an H200); elsewhere the torch path."""
+    (dspark_kernels/ragged_accept.py, 19 us at 256 x 7 inside a CUDA graph on an H200); elsewhere the torch path."""
     bs, gamma = drafts.shape
     lens = verify_lens.to(torch.int64).to(drafts.device)
     use_kernel = backend == "triton" or (backend == "auto" and drafts.device.type == "cuda" and _HAS_TRITON)
     if use_kernel:
-        from kernels import ragged_accept_triton
+        from dspark_kernels import ragged_accept_triton
 
         indptr = torch.zeros(bs + 1, dtype=torch.int64, device=drafts.device)
         indptr[1:] = torch.cumsum(lens + 1, 0)

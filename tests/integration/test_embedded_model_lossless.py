@@ -140,7 +140,7 @@ def test_bf16_fp32_gemm_by_rows_diverges_only_at_near_ties(runs, log_dir):
     """--dspark-cpu-gemm on (the small-M kernel for 1-row calls where it builds, fp32 weight copies from 2 rows)
     against SGLang's bf16 GEMMs, no speculation: rounding-level differences only. The server log must show the
     dispatch planned, with the kernel where this machine can build it, or nothing was compared."""
-    from kernels import cpu_bf16_gemm
+    from dspark_kernels import cpu_bf16_gemm
 
     log = (log_dir / "bf16_plain_rows.log").read_text()
     assert "fp32 GEMM from:" in log, "row dispatch was not active in the forced-on server"

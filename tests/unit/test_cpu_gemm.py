@@ -27,7 +27,7 @@ def test_auto_mode_follows_the_cpu_flags():
     native = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
     assert predicted_gemm_kind("auto", native, "bfloat16", cuda=False) == (
         cpu_gemm._native_kind() if cpu_gemm._kernel() is not None else "native")
-    from kernels import cpu_bf16_gemm
+    from dspark_kernels import cpu_bf16_gemm
     assert cpu_gemm._native_kind() == (cpu_gemm.NATIVE_AMX_KERNEL_DISPATCH if cpu_bf16_gemm.load_amx()[0] is not None
                                        else cpu_gemm.NATIVE_KERNEL_DISPATCH)
     assert predicted_gemm_kind("off", native, "bfloat16", cuda=False) == "native"

@@ -1,4 +1,4 @@
-"""kernels/cpu_rotary.py and its hook (sglang_plugin/cpu_rotary.py): bit-identical to SGLang's own torch rotary
+"""dspark_kernels/cpu_rotary.py and its hook (sglang_plugin/cpu_rotary.py): bit-identical to SGLang's own torch rotary
 path, on SGLang's real RotaryEmbedding, for the shapes and strides the decoder layers pass."""
 
 import importlib
@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 
-from kernels import cpu_rotary
+from dspark_kernels import cpu_rotary
 from sglang_dspark.sglang_plugin import cpu_rotary as rotary_hook
 
 

@@ -239,7 +239,7 @@ def test_propose_with_triton_sampler_equals_torch_loop_when_greedy():
     logits and confidences."""
     import os
 
-    from kernels._rng import HAS_TRITON
+    from dspark_kernels._rng import HAS_TRITON
 
     if not HAS_TRITON or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"):
         pytest.skip("needs triton (and TRITON_INTERPRET=1 without CUDA; tests/conftest.py sets it)")

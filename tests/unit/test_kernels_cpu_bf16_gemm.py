@@ -1,12 +1,12 @@
-"""kernels/cpu_bf16_gemm.py: the small-M bf16 GEMMs (AVX2 and AVX512-BF16) against an fp64 reference, their batch
+"""dspark_kernels/cpu_bf16_gemm.py: the small-M bf16 GEMMs (AVX2 and AVX512-BF16) against an fp64 reference, their batch
 invariance, their fallbacks."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_bf16_gemm
-from kernels.cpu_bf16_gemm import small_m_linear
+from dspark_kernels import cpu_bf16_gemm
+from dspark_kernels.cpu_bf16_gemm import small_m_linear
 
 
 def _kernel_or_skip():

@@ -1,11 +1,11 @@
-"""Chain-only verify attention (kernels/cpu_verify_attention.py) against the fp32 reference, and against what
+"""Chain-only verify attention (dspark_kernels/cpu_verify_attention.py) against the fp32 reference, and against what
 SGLang's own torch_native EXTEND computes for the same ragged batch."""
 
 import pytest
 import torch
 
-from kernels.cpu_verify_attention import chain_attention_sdpa
-from kernels.flashinfer_verify import ragged_verify_attention_reference
+from dspark_kernels.cpu_verify_attention import chain_attention_sdpa
+from dspark_kernels.flashinfer_verify import ragged_verify_attention_reference
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

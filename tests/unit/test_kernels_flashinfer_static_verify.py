@@ -15,10 +15,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the kernels/ package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the dspark_kernels/ package
 
-from kernels import ragged_verify_attention_reference  # noqa: E402
-from kernels.flashinfer_static_verify import static_verify_layout  # noqa: E402
+from dspark_kernels import ragged_verify_attention_reference  # noqa: E402
+from dspark_kernels.flashinfer_static_verify import static_verify_layout  # noqa: E402
 from tests.kernel_checks import cuda_flashinfer_or_skip, ragged_layout  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def test_static_layout_rejects_what_the_plan_cannot_cover():
 
 def test_flashinfer_static_plan_once_replays_ragged_steps():
     cuda_flashinfer_or_skip()
-    from kernels.flashinfer_static_verify import FlashInferStaticVerify
+    from dspark_kernels.flashinfer_static_verify import FlashInferStaticVerify
 
     H, Hkv, hd, ps, slots, width, num_pages = 8, 2, 128, 16, 8, 8, 96
     fsv = FlashInferStaticVerify(slots, width, max_pages=num_pages, num_qo_heads=H, num_kv_heads=Hkv,

@@ -10,17 +10,17 @@ import torch
 
 if not torch.cuda.is_available():  # choose the interpreter before triton decorates the kernels
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the kernels/ package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the dspark_kernels/ package
 
-from kernels import ragged_verify_attention_reference  # noqa: E402
-from kernels._rng import HAS_TRITON  # noqa: E402
+from dspark_kernels import ragged_verify_attention_reference  # noqa: E402
+from dspark_kernels._rng import HAS_TRITON  # noqa: E402
 from tests.kernel_checks import cuda_flashinfer_or_skip, device_or_skip, ragged_layout  # noqa: E402
-from kernels.flashinfer_verify import pad_verify_layout  # noqa: E402
+from dspark_kernels.flashinfer_verify import pad_verify_layout  # noqa: E402
 
 _KERNEL = None
 if HAS_TRITON:
-    from kernels import ragged_verify_attention_triton  # noqa: E402
-    from kernels.flashinfer_verify import _ragged_verify_attn_kernel as _KERNEL  # noqa: E402
+    from dspark_kernels import ragged_verify_attention_triton  # noqa: E402
+    from dspark_kernels.flashinfer_verify import _ragged_verify_attn_kernel as _KERNEL  # noqa: E402
 
 
 CASES = [  # chain lengths (anchor + drafts; 0 = padding slot), prefix lengths
@@ -85,7 +85,7 @@ def test_pad_verify_layout_keeps_live_rows_and_fills_the_bucket():
 
 def test_flashinfer_cuda_graph_matches_reference():
     cuda_flashinfer_or_skip()
-    from kernels import FlashInferRaggedVerify
+    from dspark_kernels import FlashInferRaggedVerify
 
     H, Hkv, hd, ps, slots, bucket_tokens = 8, 2, 128, 16, 8, 64
     # capture on a full-bucket layout: FlashInfer fixes the maximum row count at the first plan

@@ -11,16 +11,16 @@ import torch
 # compiled instead, and the CPU cases are skipped.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the kernels/ package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the dspark_kernels/ package
 
-from kernels import markov_sample, markov_sample_reference  # noqa: E402
-from kernels._rng import HAS_TRITON  # noqa: E402
+from dspark_kernels import markov_sample, markov_sample_reference  # noqa: E402
+from dspark_kernels._rng import HAS_TRITON  # noqa: E402
 from tests.kernel_checks import chi2_critical, device_or_skip  # noqa: E402
 
 _KERNEL = None
 if HAS_TRITON:
-    from kernels import markov_sample_triton  # noqa: E402
-    from kernels.markov_sampler import _markov_step_kernel as _KERNEL  # noqa: E402
+    from dspark_kernels import markov_sample_triton  # noqa: E402
+    from dspark_kernels.markov_sampler import _markov_step_kernel as _KERNEL  # noqa: E402
 
 
 def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
@@ -141,7 +141,7 @@ def test_triton_greedy_hint_is_a_promise():
 def test_launch_config_rejects_bad_tiles():
     if not HAS_TRITON:
         pytest.skip("triton is not importable")
-    from kernels.markov_sampler import markov_launch_config
+    from dspark_kernels.markov_sampler import markov_launch_config
 
     cfg = markov_launch_config(128, 151936, 256, torch.device("cpu"))
     assert cfg["programs_v"] * cfg["tiles_per_prog"] >= cfg["nt"] > (cfg["programs_v"] - 1) * cfg["tiles_per_prog"]

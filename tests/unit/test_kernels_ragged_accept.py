@@ -10,16 +10,16 @@ import torch
 
 if not torch.cuda.is_available():  # choose the interpreter before triton decorates the kernels
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the kernels/ package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: the dspark_kernels/ package
 
-from kernels import ragged_accept, ragged_accept_reference  # noqa: E402
-from kernels._rng import HAS_TRITON  # noqa: E402
+from dspark_kernels import ragged_accept, ragged_accept_reference  # noqa: E402
+from dspark_kernels._rng import HAS_TRITON  # noqa: E402
 from tests.kernel_checks import chi2_critical, device_or_skip  # noqa: E402
 
 _KERNEL = None
 if HAS_TRITON:
-    from kernels import ragged_accept_triton  # noqa: E402
-    from kernels.ragged_accept import _ragged_accept_kernel as _KERNEL  # noqa: E402
+    from dspark_kernels import ragged_accept_triton  # noqa: E402
+    from dspark_kernels.ragged_accept import _ragged_accept_kernel as _KERNEL  # noqa: E402
 
 
 def _batch(verify_lens, G, V, temps, device, seed=0, match=0.7):

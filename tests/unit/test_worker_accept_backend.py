@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels._rng import HAS_TRITON
+from dspark_kernels._rng import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable")
 

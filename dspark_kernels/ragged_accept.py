@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels import _rng
-from kernels._rng import HAS_TRITON
-from kernels.markov_sampler import GREEDY_EPS, _next_pow2
+from dspark_kernels import _rng
+from dspark_kernels._rng import HAS_TRITON
+from dspark_kernels.markov_sampler import GREEDY_EPS, _next_pow2
 
 if HAS_TRITON:
     import triton

@@ -31,7 +31,7 @@ import math
 import numpy as np
 import torch
 
-from kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER, _host_int32
+from dspark_kernels.flashinfer_verify import FLASHINFER_IMPORT_ERROR, HAS_FLASHINFER, _host_int32
 
 if HAS_FLASHINFER:
     import flashinfer

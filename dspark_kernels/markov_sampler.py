@@ -9,7 +9,7 @@ Semantics (dspark-reference §1.6, vanilla head), for request r and position k =
     lse[r, k]    = logsumexp(z_k)
     token_probs[r, k] = softmax(z_k)[tokens[r, k]]      (greedy: 1.0, the one-hot draft distribution)
 
-The Gumbel noise comes from kernels/_rng.py, which the torch reference reproduces bit for bit.
+The Gumbel noise comes from dspark_kernels/_rng.py, which the torch reference reproduces bit for bit.
 
 GPU design: two launches per position k, 2*G in all, no host sync, CUDA-graph capturable.
   step   grid (request tiles, P vocabulary programs). A program loads e_k = W1[prev] for its BLOCK_R requests
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import _rng
-from kernels._rng import HAS_TRITON
+from dspark_kernels import _rng
+from dspark_kernels._rng import HAS_TRITON
 
 if HAS_TRITON:
     import triton

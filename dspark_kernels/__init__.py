@@ -4,8 +4,8 @@ Import note: set TRITON_INTERPRET=1 BEFORE importing this package to run the Tri
 (tests do); the kernels are decorated at import time.
 """
 
-from kernels._rng import HAS_TRITON
-from kernels.flashinfer_verify import (
+from dspark_kernels._rng import HAS_TRITON
+from dspark_kernels.flashinfer_verify import (
     HAS_FLASHINFER,
     FlashInferRaggedVerify,
     kv_indptr_from_lens,
@@ -13,15 +13,15 @@ from kernels.flashinfer_verify import (
     ragged_verify_attention_reference,
     ragged_verify_attention_triton,
 )
-from kernels.flashinfer_static_verify import FlashInferStaticVerify, static_verify_layout
-from kernels.markov_sampler import (
+from dspark_kernels.flashinfer_static_verify import FlashInferStaticVerify, static_verify_layout
+from dspark_kernels.markov_sampler import (
     GREEDY_EPS,
     MarkovSample,
     markov_sample,
     markov_sample_reference,
     markov_sample_triton,
 )
-from kernels.ragged_accept import ragged_accept, ragged_accept_reference, ragged_accept_triton
+from dspark_kernels.ragged_accept import ragged_accept, ragged_accept_reference, ragged_accept_triton
 
 __all__ = [
     "GREEDY_EPS",

@@ -3,7 +3,7 @@
 `rotary_neox(positions, query, key, cos_sin_cache, head_size, rotary_dim)` returns (query, key) rotated, new
 tensors of the inputs' shapes, or None where the kernel does not apply (not built here, CUDA tensors, a dtype
 other than bf16 / fp32, a cache of another dtype, rows that are not unit-stride); the caller then runs torch's.
-Built like the GEMM kernels (kernels/cpu_bf16_gemm.py): with the system C compiler, into the user cache, on
+Built like the GEMM kernels (dspark_kernels/cpu_bf16_gemm.py): with the system C compiler, into the user cache, on
 first use.
 """
 
@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from kernels.cpu_bf16_gemm import build_kernel
+from dspark_kernels.cpu_bf16_gemm import build_kernel
 
 logger = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ def _cpu_flags() -> set[str]:
 
 
 def _source_text(name: str = SOURCE) -> str:
-    return resources.files("kernels").joinpath("csrc", name).read_text()
+    return resources.files("dspark_kernels").joinpath("csrc", name).read_text()
 
 
 def _compile(src: str, out: Path, name: str = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> None:
@@ -114,7 +114,7 @@ def _build(name: str, cflags: tuple[str, ...], required: tuple[str, ...], symbol
         return None, "", f"could not build the C kernel ({exc})"
 
 
-build_kernel = _build  # for the other C kernels of this folder (kernels/cpu_rotary.py)
+build_kernel = _build  # for the other C kernels of this folder (dspark_kernels/cpu_rotary.py)
 
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
 

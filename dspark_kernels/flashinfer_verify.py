@@ -21,7 +21,7 @@ import os
 import numpy as np
 import torch
 
-from kernels._rng import HAS_TRITON
+from dspark_kernels._rng import HAS_TRITON
 
 if HAS_TRITON:
     import triton
