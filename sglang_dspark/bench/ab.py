@@ -169,13 +169,15 @@ def run(args: argparse.Namespace) -> list[dict]:
             for temperature, concurrency, k in todo:
                 batch = [prompts[i] for i in plan[(temperature, concurrency, k)]]
                 order = policies[k % len(policies):] + policies[:k % len(policies)]
-                tok_s, span, tau, by_source = {}, {}, {}, {}
+                tok_s, span, tau, by_source, ttft, decode = {}, {}, {}, {}, {}, {}
                 for policy in order:
                     t0 = time.time()
                     res = run_load_sync(servers[policy].url, batch, concurrency, args.max_tokens,
                                         temperature=temperature, progress=False)
                     summary = res.summary()
                     tok_s[policy] = summary["aggregate_tok_s"]
+                    # prefill and decode apart: a server can lose on either (its prefill writes drafter context)
+                    ttft[policy], decode[policy] = summary["ttft_s_median"], summary["per_user_tok_s_median"]
                     if summary.get("tau") is not None:
                         tau[policy] = summary["tau"]
                     if summary.get("by_source"):
@@ -183,6 +185,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                     span[policy] = [round(t0, 3), round(time.time(), 3)]
                 rounds.append({"temperature": temperature, "concurrency": concurrency, "round": k,
                                "order": order, "tok_s": tok_s, "span": span, "tau": tau,
+                               "ttft_s_median": ttft, "decode_tok_s_median": decode,
                                **({"by_source": by_source} if by_source else {})})
                 _save(out, {"settings": settings, "meta": meta, "rounds": rounds,
                             "rows": summarize(rounds, policies)})
