@@ -206,13 +206,15 @@ def _wants_profile_load(argv: list[str], cuda: bool) -> bool:
     if algo != ALGORITHM_NAME or "--dspark-no-profile" in argv or _has_flag(argv, "--dspark-cost-model-path"):
         return False
     from sglang_dspark.sglang_plugin.cost_profile import cache_path, cost_key, verify_attention_kind
-    from sglang_dspark.sglang_plugin.cpu_gemm import predicted_gemm_kind
+    from sglang_dspark.sglang_plugin.cpu_gemm import cost_tag, predicted_gemm_kind
+    from sglang_dspark.sglang_plugin.options import DSparkOptions
 
     model = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
     dtype = _resolved_dtype(argv, model)
     attention = verify_attention_kind(_flag_value(argv, "--attention-backend"),
                                       "--dspark-sglang-verify-attention" not in argv)
     gemm = predicted_gemm_kind(_flag_value(argv, "--dspark-cpu-gemm") or "auto", _cpu_flags() or None, dtype, cuda)
+    gemm = cost_tag(gemm, int(_flag_value(argv, "--dspark-cpu-gemm-rows") or DSparkOptions().cpu_gemm_rows))
     key = cost_key(model, f"torch.{dtype}", "cuda" if cuda else "cpu", attention, gemm)
     return not cache_path(key).exists()
 

@@ -31,7 +31,7 @@ from sglang_dspark.bench.server import ServerProcess
 
 DEFAULT_POLICIES = "none,ngram,fixed:1,fixed:3,fixed:5,fixed:7,sps-topk,dspark,dspark-async"
 # No speculation: SGLang's default (overlap scheduler), and on the synchronous scheduler speculation gets on a CPU
-PLAIN_POLICIES = ("none", "none-sync", "none-gemm-off")
+PLAIN_POLICIES = ("none", "none-sync", "none-gemm-off", "none-gemm-64")
 ROW_COLUMNS = ["policy", "concurrency", "temperature", "aggregate_tok_s", "per_user_tok_s_median",
                "per_user_tok_s_p10", "tau", "mean_verify_len", "wasted_verify_tokens"]
 TRACE_ENV = "SGLANG_DSPARK_TRACE_PATH"
@@ -48,6 +48,7 @@ RUN_SETTINGS = ("max_tokens", "model", "drafter", "prompts")
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help=f"comma list of none, none-sync (no overlap scheduler), none-gemm-off (SGLang's own GEMMs), "
+                        f"none-gemm-64 (GEMM crossovers measured up to 64 rows only), "
                         f"ngram, fixed:G, threshold:C, sps-topk, dspark, dspark-async, dspark-noretrieval, "
                         f"retrieval-only, dspark-prompt, dspark-gemm-off, dspark-nopeek "
                         f"(default: {DEFAULT_POLICIES})")
@@ -156,6 +157,8 @@ def server_flags(policy: str, args: argparse.Namespace) -> list[str]:
         return ["--no-dspark", "--disable-overlap-schedule", *common]
     if policy == "none-gemm-off":  # SGLang's own GEMMs: what the small-M kernels are measured against
         return ["--no-dspark", "--dspark-cpu-gemm", "off", *common]
+    if policy == "none-gemm-64":  # crossovers measured up to 64 rows: prefill widths stay on the small-M kernel
+        return ["--no-dspark", "--dspark-cpu-gemm-rows", "64", *common]
     if policy == "ngram":
         # not --no-dspark: the launcher refuses it together with --speculative-algorithm. An explicit algorithm
         # already stops it from adding DSPARK_EXT. intel_amx: NGRAM's tree verify needs it (the CPU patch keeps it).

@@ -29,7 +29,8 @@ def cost_key(model_path: str, dtype: str, device: str, verify_attention: str = "
              tp_size: int = 1) -> dict:
     """verify_attention: which attention code runs verify forwards ("sglang" or "chain-sdpa"); it changes the
     verify cost several-fold on a CPU, so a cost model profiled with one must not be reused for the other. gemm:
-    cpu_gemm.engine_gemm_kind(), named in the key only when it is not SGLang's own (older caches stay valid)."""
+    cpu_gemm.engine_cost_tag() (the GEMM kind and its widest calibrated count), named in the key only when it is
+    not SGLang's own (older caches stay valid)."""
     import sglang
 
     key = {"model": os.path.abspath(model_path) if os.path.exists(model_path) else model_path,

@@ -45,7 +45,14 @@ from sglang_dspark.cpu_features import has_native_bf16
 logger = logging.getLogger(__name__)
 
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
-KERNEL_CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the kernel stays ahead of fp32 further out
+# The kernel stays ahead of fp32 further out: on an EPYC Zen 3 the embedded model's gate_up crosses between 128
+# and 256 rows and its down projection near 128, so counts reach prefill widths (--dspark-cpu-gemm-rows, 512)
+def kernel_calibration_rows(widest: int) -> tuple[int, ...]:
+    return tuple(1 << i for i in range(widest.bit_length()))
+
+
+KERNEL_CALIBRATION_ROWS = kernel_calibration_rows(512)
+SLOW_CALL_MS = 100.0  # a call this slow is timed once after its warm-up: the wide counts of the lm_head take seconds
 MODES = ("auto", "on", "off")
 FP32_ATTR = "_dspark_fp32_copy"
 ROW_DISPATCH = "bf16-fp32-by-rows"  # narrow side: torch's bf16 GEMM
@@ -68,7 +75,10 @@ def wants_row_dispatch(mode: str, cpu_flags: set[str] | None) -> bool:
 
 
 def _median_ms(fn, reps: int) -> float:
+    t0 = time.perf_counter()
     fn()
+    if (time.perf_counter() - t0) * 1e3 > SLOW_CALL_MS:
+        reps = 1
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -111,6 +121,7 @@ class RowDtypeGemm:
     narrow: Callable = F.linear
     kind: str = ROW_DISPATCH
     wide_fp32: bool = True  # False: torch's bf16 GEMM from the crossover on (native bf16 CPUs), no copies
+    widest: int = CALIBRATION_ROWS[-1]  # the widest row count the crossovers were measured at
 
     def handles(self, weight: torch.Tensor | None) -> bool:
         return dispatchable(weight) and tuple(weight.shape) in self.crossovers
@@ -148,7 +159,8 @@ def dispatchable(weight: torch.Tensor | None) -> bool:
 def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
              available_bytes: int | None, forced_crossover: int | None = None,
              narrow: Callable | None = None, narrow_id: str = "",
-             wide_bf16: bool = False, native_kind: str = NATIVE_KERNEL_DISPATCH) -> tuple[RowDtypeGemm | None, str]:
+             wide_bf16: bool = False, native_kind: str = NATIVE_KERNEL_DISPATCH,
+             kernel_rows: tuple[int, ...] | None = None) -> tuple[RowDtypeGemm | None, str]:
     """Measure (or read from the cache) each distinct shape's crossover, attach fp32 copies; (None, reason) when
     there is nothing to gain. narrow: the small-M kernel (None: torch's bf16 GEMM), narrow_id: its build, part of
     the cache key (a rebuilt kernel is measured again). wide_bf16 (a CPU with native bf16): torch's bf16 GEMM is
@@ -162,10 +174,12 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
         return None, "no bf16 CPU linear weights"
     if wide_bf16 and narrow is None:
         return None, "no small-M kernel here, and torch's bf16 GEMM is native"
-    kind, rows = (ROW_DISPATCH, CALIBRATION_ROWS) if narrow is None else (KERNEL_DISPATCH, KERNEL_CALIBRATION_ROWS)
+    kind, rows = ((ROW_DISPATCH, CALIBRATION_ROWS) if narrow is None
+                  else (KERNEL_DISPATCH, kernel_rows or KERNEL_CALIBRATION_ROWS))
     kind = native_kind if wide_bf16 else kind
     narrow = narrow or F.linear
-    cache_key = cpu_key if kind == ROW_DISPATCH else f"{cpu_key}; {kind} {narrow_id}".rstrip()  # aten: old key
+    # aten: the old key; the kernel kinds name their widest count, so widening the counts measures again
+    cache_key = cpu_key if kind == ROW_DISPATCH else f"{cpu_key}; {kind} {narrow_id}".rstrip() + f"; to {rows[-1]} rows"
     cache = {} if forced_crossover is not None else _read_cache(cache_path, cache_key)
     crossovers = {}
     for shape in shapes:
@@ -187,7 +201,7 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
     if wide_bf16:
         if all(c == rows[0] for c in crossovers.values()):
             return None, "torch's bf16 GEMM is the cheaper side at every measured row count"
-        gemm = RowDtypeGemm(crossovers, narrow, kind, wide_fp32=False)
+        gemm = RowDtypeGemm(crossovers, narrow, kind, wide_fp32=False, widest=rows[-1])
         summary = ", ".join(f"{o}x{i}: {'never' if c is None else f'>= {c} rows'}" for (o, i), c in crossovers.items())
         return gemm, f"AVX512-BF16 / AMX small-M kernel below the crossover; torch's bf16 GEMM from: {summary}"
     unique = {w.data_ptr(): w for w in weights if crossovers[tuple(w.shape)] is not None}  # tied lm_head once
@@ -199,7 +213,7 @@ def plan_for(weights: list[torch.Tensor], cache_path: str | None, cpu_key: str,
             return None, refusal
         crossovers = dict.fromkeys(crossovers)  # the kernel alone, at every width
         note = f" ({refusal}: none kept)"
-    gemm = RowDtypeGemm(crossovers, narrow, kind)
+    gemm = RowDtypeGemm(crossovers, narrow, kind, widest=rows[-1])
     added = gemm.attach(weights)
     summary = ", ".join(f"{o}x{i}: {'never' if c is None else f'>= {c} rows'}" for (o, i), c in crossovers.items())
     side = "small-M kernel" if kind == KERNEL_DISPATCH else "torch bf16"
@@ -262,13 +276,15 @@ def _kernel_id() -> str:
 def _plan(weights: list[torch.Tensor], forced_crossover: int | None = None) -> tuple[RowDtypeGemm | None, str]:
     """plan_for with this process's crossover cache, CPU, free memory and narrow side (the kernel where it builds)."""
     from sglang_dspark.sglang_plugin import cost_profile
+    from sglang_dspark.sglang_plugin.options import DSparkOptions
 
     flags = cost_profile.cpuinfo_field("flags")
     return plan_for(weights, str(cost_profile.CACHE_DIR.parent / "cpu_gemm.json"), cost_profile.cpu_identity(),
                     available_memory(), forced_crossover, _kernel(), _kernel_id(),
                     # the forced crossover (tests) pins the fp32-copy path on every CPU
                     wide_bf16=forced_crossover is None and bool(flags) and has_native_bf16(set(flags.split())),
-                    native_kind=_native_kind())
+                    native_kind=_native_kind(),
+                    kernel_rows=kernel_calibration_rows(DSparkOptions.current().cpu_gemm_rows))
 
 
 def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda: bool) -> str:
@@ -279,6 +295,16 @@ def predicted_gemm_kind(mode: str, cpu_flags: set[str] | None, dtype: str, cuda:
     if cpu_flags is not None and has_native_bf16(cpu_flags):
         return _native_kind() if _kernel() is not None else "native"
     return KERNEL_DISPATCH if _kernel() is not None else ROW_DISPATCH
+
+
+def cost_tag(kind: str, widest: int) -> str:
+    """A GEMM kind as the cost model's key names it: the kernel kinds add their widest calibrated count, since
+    widening the counts moves crossovers below verify widths (a verify pass then costs differently)."""
+    return f"{kind} to {widest} rows" if kind in (KERNEL_DISPATCH, *NATIVE_KINDS) else kind
+
+
+def engine_cost_tag() -> str:
+    return "native" if _ACTIVE is None else cost_tag(_ACTIVE.kind, _ACTIVE.widest)
 
 
 def engine_gemm_kind() -> str:

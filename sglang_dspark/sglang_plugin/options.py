@@ -38,6 +38,7 @@ class DSparkOptions:
     draft_temperature: float | None = 0.0
     # bf16 on a CPU without native bf16 dot products: small-M kernel, fp32 weight copies where wider (cpu_gemm.py)
     cpu_gemm: str = "auto"
+    cpu_gemm_rows: int = 512  # the widest row count crossovers are measured at (a power of two, 64 to 4096)
     # Structured-output requests with point-mass drafts: "copy" drafts them from their grammar (forced tokens,
     # jump-forward text) and their prompt / output only, without a drafter pass; "model" runs the drafter for them too
     grammar_drafts: str = "copy"
@@ -121,6 +122,11 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                         "torch's bf16 GEMM on CPUs with AVX512-BF16 (the vdpbf16ps kernel). auto (default): on "
                         "CPUs without AVX512-BF16 / AMX and on CPUs with AVX512-BF16. Applies with or without "
                         "speculation.")
+    g.add_argument("--dspark-cpu-gemm-rows", type=_cpu_gemm_rows, default=d.cpu_gemm_rows,
+                   help="The widest row count (a power of two, 64 to 4096; default 512) at which each GEMM shape's "
+                        "crossover is measured at first start on a CPU (cached per CPU afterwards). Wider counts "
+                        "price prefill chunks too, where fp32 copies run the embedded model's GEMMs ~1.5-2.5x faster "
+                        "on an AVX2 CPU, at a longer first start.")
 
 
 def _draft_temperature(value: str) -> float | None:
@@ -135,6 +141,16 @@ def _draft_temperature(value: str) -> float | None:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0 or {REQUEST!r}, got {value!r}") from None
     return t
+
+
+def _cpu_gemm_rows(value: str) -> int:
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = 0
+    if rows < 64 or rows > 4096 or rows & (rows - 1):
+        raise argparse.ArgumentTypeError(f"expected a power of two from 64 to 4096, got {value!r}")
+    return rows
 
 
 def options_from_namespace(ns: argparse.Namespace) -> DSparkOptions:

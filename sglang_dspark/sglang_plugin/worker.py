@@ -118,7 +118,7 @@ class DSparkExtWorker(BaseSpecWorker):
         self.sync = RankSync.from_sglang(tp_size)  # under TP rank 0 decides; the others adopt (rank_sync.py)
         attention = verify_attention_kind(getattr(sa, "attention_backend", None), self.options.chain_verify_attention)
         self.costs = CostModelManager(cost_key(sa.model_path, self.model_runner.model_config.dtype, self.device,
-                                               attention, cpu_gemm.engine_gemm_kind(), tp_size=tp_size),
+                                               attention, cpu_gemm.engine_cost_tag(), tp_size=tp_size),
                                       self.options.cost_model_path, self.options.profile_cost_model,
                                       writes_files=self.sync.authoritative)
         self.cost_model = self.costs.model

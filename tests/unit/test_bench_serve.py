@@ -220,4 +220,5 @@ def test_policy_variants_switch_one_part_of_dspark_ext(tmp_path):
     gemm_off = server_flags("dspark-gemm-off", args)
     assert gemm_off[gemm_off.index("--dspark-cpu-gemm") + 1] == "off" and "DSPARK_EXT" in gemm_off
     assert server_flags("none-gemm-off", args) == ["--no-dspark", "--dspark-cpu-gemm", "off"]
+    assert server_flags("none-gemm-64", args) == ["--no-dspark", "--dspark-cpu-gemm-rows", "64"]
     assert "--dspark-cpu-gemm" not in server_flags("none", args)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from sglang_dspark.sglang_plugin import cost_profile, cpu_gemm
 from sglang_dspark.sglang_plugin.cpu_gemm import (FP32_ATTR, RowDtypeGemm, measure_crossover, plan_for,
                                                   predicted_gemm_kind, wants_row_dispatch)
+from sglang_dspark.sglang_plugin.options import DSparkOptions
 
 AVX2 = {"sse2", "avx", "avx2", "fma"}
 
@@ -289,3 +290,54 @@ def test_native_bf16_plan_keeps_torch_bf16_as_the_wide_side_and_makes_no_copy(tm
     assert gemm is None and "every measured row count" in reason
     gemm, reason = plan_for([w_a], str(cache), "cpu-A", None, wide_bf16=True)
     assert gemm is None and "no small-M kernel" in reason
+
+
+def test_widening_the_kernel_counts_measures_again_and_names_it_in_the_cost_key(tmp_path, monkeypatch):
+    """A cache measured up to 64 rows cannot say where a prefill-width crossover lies: widening the counts must
+    measure again, and the cost model, priced with the old crossovers, must not be reused."""
+    seen = []
+    monkeypatch.setattr(cpu_gemm, "measure_crossover", lambda w, w32, rows, narrow: (seen.append(rows), (8, {}))[1])
+    cache = str(tmp_path / "cpu_gemm.json")
+    tags = []
+    for widest in (64, 64, 512):
+        gemm, _ = plan_for([_weight()], cache, "cpu-A", None, narrow=F.linear, narrow_id="k",
+                           kernel_rows=cpu_gemm.kernel_calibration_rows(widest))
+        tags.append(cpu_gemm.cost_tag(gemm.kind, gemm.widest))
+    assert seen == [(1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)]
+    assert tags[0] == tags[1] != tags[2]
+    assert cpu_gemm.cost_tag(cpu_gemm.ROW_DISPATCH, 32) == cpu_gemm.ROW_DISPATCH
+    assert cpu_gemm.KERNEL_CALIBRATION_ROWS[-1] == DSparkOptions().cpu_gemm_rows
+
+
+def test_cpu_gemm_rows_flag_takes_powers_of_two_from_64(tmp_path):
+    import argparse
+
+    from sglang_dspark.sglang_plugin.options import add_dspark_args, options_from_namespace
+
+    parser = argparse.ArgumentParser()
+    add_dspark_args(parser)
+    assert options_from_namespace(parser.parse_args(["--dspark-cpu-gemm-rows", "1024"])).cpu_gemm_rows == 1024
+    for bad in ("32", "100", "8192", "wide"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--dspark-cpu-gemm-rows", bad])
+
+
+def test_a_crossover_beyond_64_rows_is_found(monkeypatch):
+    """The kernel ahead up to 128 rows and fp32 ahead from 256: the crossover is 256, not 'never'."""
+    rows = cpu_gemm.KERNEL_CALIBRATION_ROWS
+    assert rows[-1] >= 256
+    fake = {r: ((r, 2.0 * r) if r < 256 else (r, 0.6 * r)) for r in rows}
+    clock = iter(x for r in rows for x in fake[r])
+    monkeypatch.setattr(cpu_gemm, "_median_ms", lambda fn, reps: next(clock))
+    crossover, _ = measure_crossover(_weight(), _weight().float(), rows=rows, narrow=F.linear)
+    assert crossover == 256
+
+
+def test_slow_calls_are_timed_once_after_the_warm_up(monkeypatch):
+    calls = []
+    now = iter(range(0, 10_000, 1))
+    monkeypatch.setattr(cpu_gemm.time, "perf_counter", lambda: next(now) * (0.5 if slow else 0.0001))
+    for slow, expect in ((True, 2), (False, 4)):
+        calls.clear()
+        cpu_gemm._median_ms(lambda: calls.append(1), reps=3)
+        assert len(calls) == expect
