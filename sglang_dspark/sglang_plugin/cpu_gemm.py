@@ -45,12 +45,14 @@ from sglang_dspark.cpu_features import has_native_bf16
 logger = logging.getLogger(__name__)
 
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
-# The kernel stays ahead of fp32 further out: on an EPYC Zen 3 the embedded model's gate_up crosses between 128
-# and 256 rows and its down projection near 128, so counts reach prefill widths (--dspark-cpu-gemm-rows, 512)
+
+
 def kernel_calibration_rows(widest: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(widest.bit_length()))
 
 
+# The kernel stays ahead of fp32 further out: on an EPYC Zen 3 the embedded model's gate_up crosses between 128
+# and 256 rows and its down projection near 128, so counts reach prefill widths (--dspark-cpu-gemm-rows' default)
 KERNEL_CALIBRATION_ROWS = kernel_calibration_rows(512)
 SLOW_CALL_MS = 100.0  # a call this slow is timed once after its warm-up: the wide counts of the lm_head take seconds
 MODES = ("auto", "on", "off")
@@ -308,7 +310,8 @@ def engine_cost_tag() -> str:
 
 
 def engine_gemm_kind() -> str:
-    """For the cost model's cache key: a verify pass costs differently with and without the dispatch."""
+    """Which GEMM path the target runs (the drafter's dtype follows it); the cost model's key uses
+    engine_cost_tag(), which adds the widest calibrated count."""
     return _ACTIVE.kind if _ACTIVE is not None else "native"
 
 
