@@ -13,6 +13,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Weight rows this far ahead (two 4-row blocks) are prefetched, one cache line per 32 columns, by the first row
+ * pair of a call with more than two rows; later pairs find the block in L1/L2. Without it the FMAs of several
+ * rows keep the core busy long enough that the hardware prefetcher falls behind: on a 2-core EPYC Zen 4 (this
+ * kernel, not the one it serves with there), 24 layers' weights cycled, 4 rows of gate_up took 1.43 ms without
+ * and 1.07 ms with it, 8 rows 1.84 vs 1.52 ms, the 8-row lm_head 27.1 vs 22.6 ms. A prefetch past the end of W
+ * is a hint, not a load: it cannot fault. */
+#define PREFETCH_ROWS 8
+
 static inline __m256 load_bf16x8(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -35,7 +43,7 @@ static inline float hsum(__m256 v) {
 /* rows n0 .. n0+nb-1 (nb <= 4) of W against rows m0 .. m0+mb-1 (mb <= 2) of x. Inlined once per constant mb:
  * a runtime mb left a branch in the inner loop that cost a third of the one-row time. */
 static inline __attribute__((always_inline)) void block(const float *x, const uint16_t *w, const float *bias, float *y, long K, long N, long ldx,
-                  long n0, int nb, long m0, int mb) {
+                  long n0, int nb, long m0, int mb, int pf) {
     __m256 acc[2][4];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_ps();
@@ -47,6 +55,12 @@ static inline __attribute__((always_inline)) void block(const float *x, const ui
     for (; k + 8 <= K; k += 8) {
         __m256 w0 = load_bf16x8(wr[0] + k), w1 = load_bf16x8(wr[1] + k);
         __m256 w2 = load_bf16x8(wr[2] + k), w3 = load_bf16x8(wr[3] + k);
+        if (pf && (k & 31) == 0) {
+            _mm_prefetch((const char *)(wr[0] + PREFETCH_ROWS * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr[1] + PREFETCH_ROWS * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr[2] + PREFETCH_ROWS * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr[3] + PREFETCH_ROWS * K + k), _MM_HINT_T0);
+        }
         __m256 a = _mm256_loadu_ps(xr0 + k);
         acc[0][0] = _mm256_fmadd_ps(a, w0, acc[0][0]);
         acc[0][1] = _mm256_fmadd_ps(a, w1, acc[0][1]);
@@ -81,10 +95,11 @@ void bf16_small_m_gemm(const float *x, const uint16_t *w, const float *bias, flo
         int nb = (int)(N - n0 < 4 ? N - n0 : 4);
         for (long m0 = 0; m0 < M; m0 += 2) {
             int mb = (int)(M - m0 < 2 ? M - m0 : 2);
+            int prefetch = M > 2 && m0 == 0;
             if (mb == 2)
-                block(x, w, bias, y, K, N, ldx, n0, nb, m0, 2);
+                block(x, w, bias, y, K, N, ldx, n0, nb, m0, 2, prefetch);
             else
-                block(x, w, bias, y, K, N, ldx, n0, nb, m0, 1);
+                block(x, w, bias, y, K, N, ldx, n0, nb, m0, 1, prefetch);
         }
     }
 }

@@ -12,6 +12,15 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* Weight rows this far ahead are prefetched while a block computes, by the first row group of a multi-row call
+ * (later groups find the block in L1; a one-row call is pure streaming, which the hardware prefetcher keeps up
+ * with). With several rows the dot products keep the core busy long enough that the hardware prefetcher alone
+ * falls behind: on a 2-core EPYC Zen 4, 24 layers' weights cycled, 8 rows of gate_up took 1.26 ms without and
+ * 1.04 ms with it, the lm_head 18.7 vs 15.9 ms, 4 rows of gate_up 1.03 vs 0.85 ms (one row ~0.78 either way).
+ * Two blocks (8 rows) ahead beat one and four. A prefetch past the end of W is a hint, not a load: it cannot
+ * fault. */
+#define PREFETCH_ROWS 8
+
 static inline __m512bh load_bf16x32(const uint16_t *p, __mmask32 m) {
     return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
 }
@@ -35,7 +44,7 @@ static inline __m512bh load_bf16x32(const uint16_t *p, __mmask32 m) {
     }
 #define BLOCK_FN(MBV)                                                                                           \
     static void block##MBV(const uint16_t *x, const uint16_t *w, const float *bias, float *y, long K, long N,     \
-                          long ldx, long n0, int nb, long m0) {                                                 \
+                          long ldx, long n0, int nb, long m0, int prefetch) {                                   \
         const int MB = MBV;                                                                                     \
         __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,      \
                c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00; \
@@ -47,6 +56,12 @@ static inline __m512bh load_bf16x32(const uint16_t *p, __mmask32 m) {
             __mmask32 m = K - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (K - k)) - 1u);              \
             __m512bh w0 = load_bf16x32(wr0 + k, m), w1 = load_bf16x32(wr1 + k, m);                               \
             __m512bh w2 = load_bf16x32(wr2 + k, m), w3 = load_bf16x32(wr3 + k, m);                               \
+            if (prefetch) {                                                                                     \
+                _mm_prefetch((const char *)(wr0 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                          \
+                _mm_prefetch((const char *)(wr1 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                          \
+                _mm_prefetch((const char *)(wr2 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                          \
+                _mm_prefetch((const char *)(wr3 + PREFETCH_ROWS * K + k), _MM_HINT_T0);                          \
+            }                                                                                                   \
             DP_ROW(0) DP_ROW(1) DP_ROW(2) DP_ROW(3)                                                             \
         }                                                                                                       \
         STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3)                                                     \
@@ -66,14 +81,15 @@ void bf16_small_m_gemm_dp(const uint16_t *x, const uint16_t *w, const float *bia
         int nb = (int)(N - n0 < 4 ? N - n0 : 4);
         for (long m0 = 0; m0 < M; m0 += 4) {
             long left = M - m0;
+            int prefetch = M > 1 && m0 == 0;
             if (left >= 4)
-                block4(x, w, bias, y, K, N, ldx, n0, nb, m0);
+                block4(x, w, bias, y, K, N, ldx, n0, nb, m0, prefetch);
             else if (left == 3)
-                block3(x, w, bias, y, K, N, ldx, n0, nb, m0);
+                block3(x, w, bias, y, K, N, ldx, n0, nb, m0, prefetch);
             else if (left == 2)
-                block2(x, w, bias, y, K, N, ldx, n0, nb, m0);
+                block2(x, w, bias, y, K, N, ldx, n0, nb, m0, prefetch);
             else
-                block1(x, w, bias, y, K, N, ldx, n0, nb, m0);
+                block1(x, w, bias, y, K, N, ldx, n0, nb, m0, prefetch);
         }
     }
 }
