@@ -41,11 +41,12 @@ def load() -> None:
     HookRegistry.register(
         "sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND
     )
-    from sglang_dspark.sglang_plugin import api_hooks, cpu_gemm, cpu_rotary, request_params
+    from sglang_dspark.sglang_plugin import api_hooks, cpu_decode_attention, cpu_gemm, cpu_rotary, request_params
     from sglang_dspark.sglang_plugin.registration import register_algorithm
 
     api_hooks.register(HookRegistry, HookType)
     request_params.register(HookRegistry, HookType)
     cpu_gemm.register(HookRegistry, HookType)
     cpu_rotary.register(HookRegistry, HookType)
+    cpu_decode_attention.register(HookRegistry, HookType)
     register_algorithm()

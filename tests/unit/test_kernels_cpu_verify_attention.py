@@ -76,3 +76,48 @@ def test_equals_sglang_torch_native_extend():
     backend._run_sdpa_forward_extend(q, theirs, k, v, r2t, rows, lens, lens - ext, ext, None, scaling=HD ** -0.5,
                                      enable_gqa=True, causal=True)
     assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_hook_matches_sglang_decode(dtype):
+    """Plain decoding through the hook: bf16 within bf16 rounding of SGLang's own decode attention (and of the fp32
+    reference), fp32 handed to SGLang's code untouched."""
+    native = pytest.importorskip("sglang.srt.layers.attention.torch_native_backend")
+    from sglang_dspark.sglang_plugin import cpu_decode_attention
+
+    q, k, v, r2t, rows, lens, ext = ragged_case([1, 1, 1], [12, 70, 3], dtype, seed=11)
+    calls = []
+
+    def original(backend, *args, **kwargs):
+        calls.append(1)
+        return native.TorchNativeAttnBackend._run_sdpa_forward_decode(backend, *args, **kwargs)
+
+    backend = native.TorchNativeAttnBackend.__new__(native.TorchNativeAttnBackend)
+    ours = cpu_decode_attention.around_run_sdpa_forward_decode(
+        original, backend, q, torch.zeros_like(q), k, v, r2t, rows, lens, None, scaling=HD ** -0.5, enable_gqa=True)
+    theirs = torch.zeros_like(q)
+    native.TorchNativeAttnBackend._run_sdpa_forward_decode(backend, q, theirs, k, v, r2t, rows, lens, None,
+                                                           scaling=HD ** -0.5, enable_gqa=True)
+    if dtype == torch.float32:
+        assert calls and torch.equal(ours, theirs)
+        return
+    assert not calls
+    ref = reference(q, k, v, r2t, rows, lens, ext)
+    assert (ours.float() - ref).abs().max() < 1e-2
+    assert (ours.float() - theirs.float()).abs().max() < 2e-2
+
+
+def test_decode_hook_declines_what_it_does_not_handle(monkeypatch):
+    from sglang_dspark.sglang_plugin.cpu_decode_attention import DISABLE_ENV, handles
+
+    q = torch.zeros(2, H, HD, dtype=torch.bfloat16)
+    kv = torch.zeros(4, HKV, HD, dtype=torch.bfloat16)
+    assert handles(q, kv, None, False, False, None)
+    assert not handles(q.float(), kv.float(), None, False, False, None)
+    assert not handles(q, kv.float(), None, False, False, None)
+    assert not handles(q, kv, torch.tensor([1, 1]), False, False, None)
+    assert not handles(q, kv, None, True, False, None)
+    assert not handles(q, kv, None, False, False, 16)
+    assert handles(q, kv, None, False, False, -1)
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    assert not handles(q, kv, None, False, False, None)
