@@ -13,8 +13,8 @@ req_to_token[req_pool_indices[r], :seq_lens[r]]; queries are packed back to back
 
 bf16 / fp16 one-row chains (and plain decoding, sglang_plugin/cpu_decode_attention.py) run as two fp32 matrix
 products instead of SDPA: torch's CPU SDPA on one bf16 query row costs ~0.8 us per KV token for the embedded
-model's 14 heads (620 us per layer at 800 KV tokens on a 2-core EPYC Zen 4), two or more rows half that per row
-group, and the fp32 products ~180 us. Those read the same, exactly upcast values and differ from SDPA in rounding
+model's 14 heads (620 us per layer at 800 KV tokens on a 2-core EPYC Zen 4; two rows take about half that), and
+the fp32 products ~180 us. Those read the same, exactly upcast values and differ from SDPA in rounding
 only (fp32 accumulation, one rounding to the output dtype), the class of difference bf16 batch variance already
 has. Longer chains keep SDPA, faster than the fp32 products there (masking and 8x the rows); fp32 inputs keep
 SDPA, so fp32 results stay SGLang's own. Slots are gathered with index_select: ~6 us for 800 slots, where advanced
