@@ -1,6 +1,6 @@
 """What each kind of decode step costs and returns, from a DSPARK_EXT server's step trace at one request per step
 (`bench ab` keeps them as <out stem>_traces/<policy>.jsonl): plain steps, and verify steps by the source of the
-verified drafts (drafter, prompt lookup, corpus). Per kind: steps, tokens committed per step (accepted + 1), the
+verified drafts (drafter, prompt lookup, corpus, n-gram table). Per kind: steps, tokens committed per step (accepted + 1), the
 median draft pass, forward and scheduler gap (time between two steps beyond the two, prefills excluded), and
 tokens per plain-step-equivalent: (accepted + 1) / (step time / median plain step time). A kind above 1 pays for
 itself at this load, one below 1 loses against plain decoding.
@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-KINDS = ("plain", "drafter", "prompt", "corpus", "verified nothing")
+KINDS = ("plain", "drafter", "prompt", "corpus", "table", "verified nothing")
 MAX_GAP_S = 0.5  # a longer gap between two steps holds a prefill or an idle wait, not per-step scheduler work
 
 
@@ -28,7 +28,7 @@ def kind(row: dict) -> str | None:
     src = (row.get("sources") or [-1])[0]
     if row["verify_lens"][0] == 0 or src < 0:
         return "verified nothing"
-    return ("drafter", "prompt", "corpus")[src]
+    return ("drafter", "prompt", "corpus", "table")[src]
 
 
 def summarise(rows: list[dict]) -> dict:

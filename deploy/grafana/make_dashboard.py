@@ -141,8 +141,8 @@ PANELS = [
        "share under a grammar")],
      {"right_axis": ["share under a grammar"]}),
     ("Acceptance by source", "percentunit",
-     "Where each request-step's verified drafts came from: the DSpark drafter, prompt/output lookup or the "
-     "cross-request n-gram corpus. Solid: accepted / verified draft tokens per source. Dashed: the share of all "
+     "Where each request-step's verified drafts came from: the DSpark drafter, prompt/output lookup, the "
+     "cross-request n-gram corpus or the n-gram table of the target's answers. Solid: accepted / verified draft tokens per source. Dashed: the share of all "
      "request-steps whose drafts came from the source (the rest had nothing proposed, or fell back).",
      [(f"{rate('sglang:dspark_accepted_tokens_by_source_total', by='source')} / "
        f"{rate('sglang:dspark_verified_tokens_by_source_total', by='source')}", "accepted / verified {{source}}"),
@@ -151,7 +151,7 @@ PANELS = [
      {"dashed": "share"}),
     ("Retrieval confidence ECE", "none",
      "Expected calibration error of each retrieval source's calibrated draft confidences per draft position "
-     "(prompt/output lookup, cross-request corpus); no data until retrieval drafts are served. Dashed: its "
+     "(prompt/output lookup, cross-request corpus, n-gram table); no data until retrieval drafts are served. Dashed: its "
      "label-noise floor, the ECE a perfectly calibrated source would show on the same predictions.",
      [(f"max by (source, position) (avg_over_time(sglang:dspark_retrieval_ece{{{SEL}}}[{RI}]))",
        "{{source}} p{{position}}"),

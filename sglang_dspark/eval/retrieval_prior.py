@@ -13,6 +13,12 @@ the benchmarks measure. Outputs are cached next to --out (`.outputs.jsonl`), so 
 
 fits on greedy answers that already exist instead (`train generate --temperature 0` rows: the user turn through the
 chat template, the assistant turn re-tokenised), with no server.
+
+    python -m sglang_dspark.eval.retrieval_prior --conversations runs/seed/proc.jsonl --table-only \
+        --ngram-table <drafter>/ngram_table.npz
+
+builds the n-gram table of those answers (retrieval/ngram_table.py) and fits its confidence prior, leaving the
+prompt lookup's prior as it is.
 """
 
 from __future__ import annotations
@@ -43,6 +49,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="default: <drafter>/retrieval_confidence.json")
     p.add_argument("--conversations", nargs="+", default=None,
                    help="greedy `train generate` JSONL files to fit on instead of asking a server")
+    p.add_argument("--ngram-table", default=None, metavar="PATH.npz",
+                   help="also build the n-gram table of the target's answers (retrieval/ngram_table.py) from all "
+                        "sequences and write it here (<drafter>/ngram_table.npz is what the server loads by "
+                        "default); its confidence prior is fitted on --table-holdout of them, left out of a table "
+                        "built from the rest, so it is scored on answers the table never saw")
+    p.add_argument("--table-only", action="store_true",
+                   help="with --ngram-table: keep the other sources' prior already at --out, refit the table's only")
+    p.add_argument("--table-holdout", type=float, default=0.1, help="share of sequences the table prior is fitted on")
     return p.parse_args(argv)
 
 
@@ -64,6 +78,25 @@ def conversation_sequences(tok, paths: list[str]) -> list[tuple[list[int], list[
     if not out:
         raise ValueError(f"{paths}: no user/assistant rows to fit on")
     return out
+
+
+def fit_ngram_table(sequences, gamma: int, path: str, holdout: float) -> list:
+    """Builds the n-gram table from every answer into `path` and returns the table source's prior cells, fitted on
+    every 1/holdout-th answer against a table built from the others."""
+    from sglang_dspark.retrieval import NgramTable
+    from sglang_dspark.retrieval.confidence import fit_table
+
+    if not 0 < holdout < 1:
+        raise ValueError(f"--table-holdout must be in (0, 1), got {holdout}")
+    every = max(2, round(1 / holdout))
+    held = [s for i, s in enumerate(sequences) if i % every == 0]
+    rest = NgramTable.build([o for i, (_, o) in enumerate(sequences) if i % every])
+    conf = fit_table(held, gamma, source="table", propose=lambda ctx, n: rest.candidate(ctx, n, source=3))
+    full = NgramTable.build([o for _, o in sequences])
+    full.save(path)
+    print(f"n-gram table: {full.tokens} answer tokens -> {path}; its prior fitted on {len(held)} held-out answers, "
+          f"scored per position {conf.scored('table')}")
+    return conf.table["table"].tolist()
 
 
 def collect(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int, cache: Path) -> list[tuple]:
@@ -119,14 +152,23 @@ def main(argv=None) -> dict:
         with ServerProcess(flags, startup_timeout_s=900) as srv:
             sequences = collect(srv.base_url, ids, args.max_tokens, args.concurrency, cache)
         source = {"prompts": list(args.prompts), "max_tokens": args.max_tokens}
-    conf = fit_table(sequences, DSparkConfig.from_json(args.drafter).block_size)
+    gamma = DSparkConfig.from_json(args.drafter).block_size
     tokens = sum(len(o) for _, o in sequences)
-    data = {**conf.to_json(), "fitted_on": {**source, "sequences": len(sequences), "tokens": tokens,
-                                           "machine": describe_machine()}}
+    fitted_on = {**source, "sequences": len(sequences), "tokens": tokens, "machine": describe_machine()}
+    if args.table_only:
+        if not args.ngram_table or not out.exists():
+            raise SystemExit("--table-only needs --ngram-table and an existing prior at --out")
+        data = json.loads(out.read_text())
+        data["table_fitted_on"] = fitted_on
+    else:
+        conf = fit_table(sequences, gamma)
+        data = {**conf.to_json(), "fitted_on": fitted_on}
+        scored = conf.scored("prompt")
+        print(f"retrieval prior: {len(sequences)} outputs, {tokens} tokens; lookup chains "
+              f"scored per position {scored}; in-sample ECE {[round(e, 4) for e in conf.ece('prompt')]} -> {out}")
+    if args.ngram_table:
+        data["table"]["table"] = fit_ngram_table(sequences, gamma, args.ngram_table, args.table_holdout)
     out.write_text(json.dumps(data) + "\n")
-    scored = conf.scored("prompt")
-    print(f"retrieval prior: {len(sequences)} outputs, {tokens} tokens; lookup chains "
-          f"scored per position {scored}; in-sample ECE {[round(e, 4) for e in conf.ece('prompt')]} -> {out}")
     return data
 
 

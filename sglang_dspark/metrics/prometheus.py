@@ -82,7 +82,7 @@ SCHEDULER_METRICS: dict[str, tuple[str, str, tuple[str, ...], dict]] = {
         "counter", "Sum of calibrated predicted survival prod_{i<=p} c_i over verified request-steps at position p.",
         ("position",), {}),
     "request_steps_by_source": ("counter", "Request-steps whose verified drafts came from the source (drafter, "
-                                "prompt/output lookup, cross-request corpus).", ("source",), {}),
+                                "prompt/output lookup, cross-request corpus, n-gram table).", ("source",), {}),
     "verified_tokens_by_source": ("counter", "Draft tokens verified, by the source that proposed them.", ("source",),
                                   {}),
     "accepted_tokens_by_source": ("counter", "Draft tokens accepted, by the source that proposed them.", ("source",),

@@ -43,24 +43,32 @@ def _bucket(value: int, edges) -> int:
     return max(0, int(np.searchsorted(edges, value, side="right")) - 1)
 
 
-def builtin_prior(source: str, match_bucket: int, gamma: int) -> np.ndarray:
+TABLE_GRADE_PRIOR = (0.2, 0.35, 0.5, 0.75)  # n-gram table: acceptance per evidence grade (ngram_table.grade)
+
+
+def builtin_prior(source: str, match_bucket: int, gamma: int, count_bucket: int = 0) -> np.ndarray:
     """Float[gamma, 2] Beta (alpha, beta): longer matches continue more often, later positions a little more
     (a chain that survived k drafts is on a copied stretch). Refined within a few hundred verified positions."""
-    # the corpus starts lower: its chains come from other requests and its trie reports no match length
-    base = 0.2 + 0.07 * match_bucket if source == "prompt" else 0.1 + 0.04 * match_bucket
+    if source == "table":  # its count axis is the evidence grade of the table's own next-token frequency
+        base = TABLE_GRADE_PRIOR[count_bucket] + 0.02 * match_bucket
+    elif source == "prompt":
+        base = 0.2 + 0.07 * match_bucket
+    else:  # the corpus starts lower: its chains come from other requests and its trie reports no match length
+        base = 0.1 + 0.04 * match_bucket
     p = np.clip(base + 0.04 * np.arange(gamma), 0.05, 0.9)
     return np.stack([p * PRIOR_STRENGTH, (1 - p) * PRIOR_STRENGTH], axis=1)
 
 
 class RetrievalConfidence:
-    def __init__(self, gamma: int, sources=("prompt", "corpus"), prior: dict | None = None):
+    def __init__(self, gamma: int, sources=("prompt", "corpus", "table"), prior: dict | None = None):
         self.gamma = gamma
         self.sources = tuple(sources)
         shape = (len(MATCH_LEN_EDGES), len(COUNT_EDGES), HISTORY_STATES, gamma, 2)
         self.table = {s: np.zeros(shape) for s in self.sources}
         for s in self.sources:
             for m in range(shape[0]):
-                self.table[s][m, :, :] = builtin_prior(s, m, gamma)
+                for c in range(shape[1]):
+                    self.table[s][m, c, :] = builtin_prior(s, m, gamma, c)
         if prior is not None:
             self.load_prior(prior)
         # per source: [gamma, bins] sums of predicted survival, of realised labels, counts and p (1 - p) (binned ECE
@@ -74,10 +82,21 @@ class RetrievalConfidence:
     def cell(self, source: str, match_len: int, count: int) -> tuple[int, int]:
         return _bucket(match_len, MATCH_LEN_EDGES), _bucket(count, COUNT_EDGES)
 
-    def probs(self, source: str, match_len: int, count: int, n: int, history: int = HISTORY_NONE) -> np.ndarray:
+    def cells(self, match_len: int, count: int, n: int, match_lens=None, counts=None) -> tuple[np.ndarray, np.ndarray]:
+        """(match bucket, count bucket) per position: the chain's own per-position evidence where it has some (the
+        n-gram table's chains: each draft was predicted from its own context), else its first position's."""
+        if match_lens is None:
+            m, c = _bucket(match_len, MATCH_LEN_EDGES), _bucket(count, COUNT_EDGES)
+            return np.full(n, m), np.full(n, c)
+        m = np.maximum(np.searchsorted(MATCH_LEN_EDGES, np.asarray(match_lens[:n]), side="right") - 1, 0)
+        c = np.maximum(np.searchsorted(COUNT_EDGES, np.asarray(counts[:n]), side="right") - 1, 0)
+        return m, c
+
+    def probs(self, source: str, match_len: int, count: int, n: int, history: int = HISTORY_NONE,
+              match_lens=None, counts=None) -> np.ndarray:
         """Float[n] conditional acceptance probability of the chain's first n positions (n <= gamma)."""
-        m, c = self.cell(source, match_len, count)
-        ab = self.table[source][m, c, history, :n]
+        m, c = self.cells(match_len, count, n, match_lens, counts)
+        ab = self.table[source][m, c, history, np.arange(n)]
         return ab[:, 0] / ab.sum(1)
 
     def observations(self, source: str, match_len: int, count: int, history: int = HISTORY_NONE) -> int:
@@ -88,7 +107,7 @@ class RetrievalConfidence:
 
     # ------------------------------------------------------------------ learning
     def observe(self, source: str, match_len: int, count: int, predicted: np.ndarray, verified: int,
-                accepted: int, history: int = HISTORY_NONE) -> None:
+                accepted: int, history: int = HISTORY_NONE, match_lens=None, counts=None) -> None:
         """One verify outcome of a chain: `verified` drafts checked, the first `accepted` of them accepted.
         predicted: the conditional probabilities served for it (scored for ECE before the cell is refined)."""
         if verified <= 0:
@@ -105,14 +124,13 @@ class RetrievalConfidence:
         slot = nxt[k] % ECE_WINDOW
         ring[0, k, slot], ring[1, k, slot] = survival, (k < accepted)
         nxt[k] += 1
-        m, c = self.cell(source, match_len, count)
-        cell = self.table[source][m, c, history]
-        hits = min(accepted, verified)
-        cell[:hits, 0] += 1.0
-        if accepted < verified:  # position `accepted` was the first rejected one; later ones were never reached
-            cell[accepted, 1] += 1.0
-        mass = cell.sum(1, keepdims=True)
-        cell *= np.where(mass > CELL_MEMORY, CELL_MEMORY / mass, 1.0)
+        reached = min(accepted + 1, verified)  # position `accepted` was the first rejected one; later ones unseen
+        m, c = self.cells(match_len, count, reached, match_lens, counts)
+        pos = np.arange(reached)
+        t = self.table[source]
+        t[m, c, history, pos, (pos >= accepted).astype(int)] += 1.0
+        mass = t[m, c, history, pos].sum(-1, keepdims=True)
+        t[m, c, history, pos] *= np.where(mass > CELL_MEMORY, CELL_MEMORY / mass, 1.0)
 
     def ece(self, source: str, window: bool = True) -> list[float]:
         """Per draft position: binned ECE of the served survival predictions, over the last ECE_WINDOW of them
@@ -191,7 +209,8 @@ class RetrievalConfidence:
             self.table[s][:, :, :, :g] = arr[:, :, :, :g]
 
     @classmethod
-    def from_file(cls, gamma: int, path: str | Path | None, sources=("prompt", "corpus")) -> "RetrievalConfidence":
+    def from_file(cls, gamma: int, path: str | Path | None,
+                  sources=("prompt", "corpus", "table")) -> "RetrievalConfidence":
         if path is None or not Path(path).exists():
             return cls(gamma, sources)
         return cls(gamma, sources, prior=json.loads(Path(path).read_text()))
@@ -200,16 +219,20 @@ class RetrievalConfidence:
 PRIOR_CAP = 8.0  # pseudo-counts a fitted cell keeps per position (see fit_table)
 
 
-def served_chains(prompt, output, gamma: int, start: int = 0):
-    """The prompt-lookup chains a T = 0 server verifying every whole chain would meet in a greedy output, from
-    output position `start` on: (candidate, verified, accepted, history before it) per step; the walk then moves
-    past the accepted drafts and the bonus token (exact at T = 0: greedy outputs do not depend on speculation)."""
+def served_chains(prompt, output, gamma: int, start: int = 0, propose=None):
+    """The chains a T = 0 server verifying every whole chain would meet in a greedy output, from output position
+    `start` on: (candidate, verified, accepted, history before it) per step; the walk then moves past the accepted
+    drafts and the bonus token (exact at T = 0: greedy outputs do not depend on speculation). propose(context,
+    gamma) -> Candidate | None draws the chains (default: prompt/output lookup)."""
     from .lookup import prompt_candidate
 
+    if propose is None:
+        def propose(context, n):
+            return prompt_candidate(context, n, source=1)
     ctx = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
     P, t, history = len(prompt), start, HISTORY_NONE
     while t < len(output):
-        cand = prompt_candidate(ctx[: P + t], gamma, source=1)
+        cand = propose(ctx[: P + t], gamma)
         if cand is None:
             t += 1
             continue
@@ -222,19 +245,23 @@ def served_chains(prompt, output, gamma: int, start: int = 0):
         t += accepted + 1
 
 
-def fit_table(sequences, gamma: int, max_prior: float = PRIOR_CAP) -> RetrievalConfidence:
+def fit_table(sequences, gamma: int, max_prior: float = PRIOR_CAP, source: str = "prompt",
+              propose=None) -> RetrievalConfidence:
     """Offline prior from greedy target outputs: per (prompt ids, output ids) pair, `gamma` served_chains walks
     (starting at output positions 0..gamma-1), each chain observed under the history its walk had. Counts are capped
     at `max_prior` per cell and position: requests differ more than cells tell, so the prior only has to start a
     cell near its population rate and let the request mix served take over within a few outcomes
-    (benchmarks/retrieval_prior_study.py: capped at 8, online ECE 2-3% on held-out answers; capped at 200, 8-9%)."""
-    conf = RetrievalConfidence(gamma, sources=("prompt",))
+    (benchmarks/retrieval_prior_study.py: capped at 8, online ECE 2-3% on held-out answers; capped at 200, 8-9%).
+    source / propose: which source's cells are fitted, from which chains (default: prompt lookup's)."""
+    conf = RetrievalConfidence(gamma, sources=(source,))
     for prompt, output in sequences:
         for start in range(min(gamma, len(output))):
-            for cand, n, accepted, history in served_chains(prompt, output, gamma, start):
-                conf.observe("prompt", cand.match_len, cand.count,
-                             conf.probs("prompt", cand.match_len, cand.count, n, history), n, accepted, history)
-    t = conf.table["prompt"]
+            for cand, n, accepted, history in served_chains(prompt, output, gamma, start, propose):
+                extra = {"match_lens": cand.match_lens, "counts": cand.counts}
+                conf.observe(source, cand.match_len, cand.count,
+                             conf.probs(source, cand.match_len, cand.count, n, history, **extra), n, accepted,
+                             history, **extra)
+    t = conf.table[source]
     total = t.sum(-1, keepdims=True)
-    conf.table["prompt"] = np.where(total > max_prior, t * (max_prior / np.maximum(total, 1e-9)), t)
+    conf.table[source] = np.where(total > max_prior, t * (max_prior / np.maximum(total, 1e-9)), t)
     return conf

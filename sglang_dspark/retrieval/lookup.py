@@ -14,9 +14,13 @@ class Candidate:
     """One retrieval proposal: a chain of tokens to verify after the request's last committed token."""
     tokens: np.ndarray  # Long[n]
     match_len: int  # tokens of context the chain was matched on (the corpus: the chain length, its proxy)
-    count: int  # earlier occurrences of that suffix in the context (the evidence behind the continuation)
-    source: int  # stats.SOURCE_* of the plugin: 1 prompt lookup, 2 cross-request corpus
+    count: int  # earlier occurrences of that suffix in the context (the evidence behind the continuation; the n-gram
+    #             table: the evidence grade of its next-token frequency, ngram_table.grade)
+    source: int  # stats.SOURCE_* of the plugin: 1 prompt lookup, 2 cross-request corpus, 3 n-gram table
     history: int = 0  # confidence.HISTORY_*: how the request's last verified chain of this source ended
+    # per position, where each draft has evidence of its own (the n-gram table): its match length and count
+    match_lens: np.ndarray | None = None
+    counts: np.ndarray | None = None
 
 
 def _longest_repeat(ctx: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, np.ndarray]:

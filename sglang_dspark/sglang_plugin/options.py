@@ -45,6 +45,9 @@ class DSparkOptions:
     # Retrieval drafts beside the drafter's: "prompt" (the request's own prompt / output), "corpus" (recent outputs
     # of all requests), "both" or "off"; the controller picks one source per request and step
     retrieval: str = "both"
+    # The n-gram table of the target's own answers that "corpus" draws on beside recent outputs: "auto" = the
+    # drafter's ngram_table.npz where it ships one, "off", or a path
+    ngram_table: str = "auto"
     model_drafts: bool = True  # False: retrieval drafts only, no drafter pass (A/B measurements)
 
     @classmethod
@@ -92,10 +95,16 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                         "'model' = the drafter too, its tokens checked against the grammar.")
     g.add_argument("--dspark-retrieval", choices=("off", "prompt", "corpus", "both"), default=d.retrieval,
                    help="Retrieval drafts beside the drafter's: 'prompt' = continuations copied from the request's own "
-                        "prompt and output, 'corpus' = from recent outputs of all requests (SGLang's n-gram trie), "
+                        "prompt and output, 'corpus' = from recent outputs of all requests (SGLang's n-gram trie) and the "
+                        "n-gram table of the target's own answers (--dspark-ngram-table), "
                         "'both' (default) or 'off'. Per request and step the controller verifies the source with the "
                         "better calibrated survival curve; a request whose retrieval chain is confident enough skips "
                         "the drafter pass. Per request: custom_params dspark_retrieval.")
+    g.add_argument("--dspark-ngram-table", default=d.ngram_table, metavar="auto|off|PATH",
+                   help="Static n-gram table of the target's own greedy answers, drawn on by the 'corpus' retrieval "
+                        "source beside recent outputs: 'auto' (default) = the drafter's ngram_table.npz where it "
+                        "ships one, 'off', or a file made by `python -m sglang_dspark.eval.retrieval_prior "
+                        "--conversations ... --ngram-table`. A malformed file stops the server at start-up.")
     g.add_argument("--dspark-no-model-drafts", dest="dspark_model_drafts", action="store_false",
                    help="Retrieval drafts only: never run the drafter (A/B measurements).")
     g.add_argument("--dspark-no-draft-skip", dest="dspark_draft_skip", action="store_false",

@@ -16,14 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sglang_dspark.retrieval import Candidate, RetrievalConfidence, prompt_candidate
+from sglang_dspark.retrieval import Candidate, NgramTable, RetrievalConfidence, prompt_candidate
 from sglang_dspark.retrieval.confidence import FILE_NAME, HISTORY_NONE, history_state
 from sglang_dspark.sglang_plugin.request_params import retrieval_modes
-from sglang_dspark.sglang_plugin.stats import SOURCE_CORPUS, SOURCE_NAMES, SOURCE_PROMPT
+from sglang_dspark.sglang_plugin.stats import SOURCE_NAMES, SOURCE_PROMPT, SOURCE_TABLE
 
 logger = logging.getLogger(__name__)
 
 MODES = ("off", "prompt", "corpus", "both")
+TABLE_FILE = "ngram_table.npz"  # the drafter folder's n-gram table of the target's own answers
 EXPLORE_OBSERVATIONS = 16  # verify outcomes a confidence cell needs before its chains are priced like the drafter's
 HISTORY_REQUESTS = 8192  # requests whose last chain outcomes are kept (finished ones are dropped at once)
 
@@ -41,7 +42,7 @@ class RetrievalProposal:
 
 
 class RetrievalDrafter:
-    def __init__(self, gamma: int, mode: str, drafter_dir: str | None):
+    def __init__(self, gamma: int, mode: str, drafter_dir: str | None, ngram_table: str = "auto"):
         if mode not in MODES:
             raise ValueError(f"--dspark-retrieval must be one of {MODES}, got {mode!r}")
         self.gamma, self.mode = gamma, mode
@@ -50,10 +51,12 @@ class RetrievalDrafter:
         if path is not None and path.exists():
             logger.info("DSPARK_EXT retrieval confidences: prior from %s", path)
         self.corpus = None
+        self.table = None
         if mode in ("corpus", "both"):
             from sglang_dspark.sglang_plugin.retrieval_corpus import OutputCorpus
 
             self.corpus = OutputCorpus.create(gamma)
+            self.table = load_ngram_table(ngram_table, drafter_dir)
         self._history: OrderedDict[str, dict[int, int]] = OrderedDict()  # rid -> {source: confidence.HISTORY_*}
 
     def history(self, rid: str, source: int) -> int:
@@ -72,13 +75,13 @@ class RetrievalDrafter:
         R, G = len(reqs), self.gamma
         modes = retrieval_modes(reqs, self.mode)
         want_prompt = [bool(eligible[i]) and modes[i] in ("prompt", "both") for i in range(R)]
-        want_corpus = [bool(eligible[i]) and modes[i] in ("corpus", "both") and self.corpus is not None
-                       for i in range(R)]
+        want_corpus = [bool(eligible[i]) and modes[i] in ("corpus", "both") and
+                       (self.corpus is not None or self.table is not None) for i in range(R)]
         if not any(want_prompt) and not any(want_corpus):
             return None
         contexts = [token_context(r) if (want_prompt[i] or want_corpus[i]) else None for i, r in enumerate(reqs)]
         corpus = [None] * R
-        rows = [i for i in range(R) if want_corpus[i]]
+        rows = [i for i in range(R) if want_corpus[i]] if self.corpus is not None else []
         if rows:
             for i, cand in zip(rows, self.corpus.candidates([reqs[i].rid for i in rows], [contexts[i] for i in rows])):
                 corpus[i] = cand
@@ -87,13 +90,15 @@ class RetrievalDrafter:
         chosen: list[Candidate | None] = [None] * R
         for i in range(R):
             best, best_value = None, 0.0
-            options = [prompt_candidate(contexts[i], G, SOURCE_PROMPT) if want_prompt[i] else None, corpus[i]]
+            options = [prompt_candidate(contexts[i], G, SOURCE_PROMPT) if want_prompt[i] else None, corpus[i],
+                       self.table.candidate(contexts[i], G, SOURCE_TABLE) if want_corpus[i] and self.table else None]
             for cand in options:
                 if cand is None:
                     continue
                 n = min(G, cand.tokens.size)
                 cand.history = self.history(reqs[i].rid, cand.source)
-                p = self.conf.probs(SOURCE_NAMES[cand.source], cand.match_len, cand.count, n, cand.history)
+                p = self.conf.probs(SOURCE_NAMES[cand.source], cand.match_len, cand.count, n, cand.history,
+                                    cand.match_lens, cand.counts)
                 value = float(np.cumprod(p).sum())
                 if value > best_value:
                     best, best_value, best_p = cand, value, p
@@ -120,7 +125,7 @@ class RetrievalDrafter:
                 continue
             a = int(accept_lens[i])
             self.conf.observe(SOURCE_NAMES[cand.source], cand.match_len, cand.count, proposal.probs[i].numpy(), v, a,
-                              cand.history)
+                              cand.history, cand.match_lens, cand.counts)
             rid = proposal.rids[i]
             self._history.setdefault(rid, {})[cand.source] = history_state(v, a)
             self._history.move_to_end(rid)
@@ -144,3 +149,21 @@ def token_context(req) -> np.ndarray:
     """A request's prompt + output tokens so far (SGLang keeps both as array('q'))."""
     return np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
                            np.asarray(req.output_ids, dtype=np.int64)])
+
+
+def load_ngram_table(setting: str, drafter_dir: str | None) -> NgramTable | None:
+    """--dspark-ngram-table: 'off', 'auto' (the drafter's TABLE_FILE if it ships one) or a path, which must exist.
+    A malformed file raises ValueError with the reason: the server stops at start-up rather than serve without it."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        path = Path(drafter_dir) / TABLE_FILE if drafter_dir else None
+        if path is None or not path.exists():
+            return None
+    else:
+        path = Path(setting)
+        if not path.exists():
+            raise ValueError(f"--dspark-ngram-table {setting}: no such file")
+    table = NgramTable.load(path)
+    logger.info("DSPARK_EXT n-gram table: %s (%d answer tokens, orders %s)", path, table.tokens, table.orders)
+    return table

@@ -10,8 +10,8 @@ if TYPE_CHECKING:  # annotations only: metrics/request_stats (tokenizer side) im
     import torch
 
 # Where a request's verified drafts came from in a step (StepStats.sources); -1: nothing proposed for it.
-SOURCE_NAMES = ("drafter", "prompt", "corpus")
-SOURCE_DRAFTER, SOURCE_PROMPT, SOURCE_CORPUS = 0, 1, 2
+SOURCE_NAMES = ("drafter", "prompt", "corpus", "table")
+SOURCE_DRAFTER, SOURCE_PROMPT, SOURCE_CORPUS, SOURCE_TABLE = 0, 1, 2, 3
 
 
 @dataclass

@@ -144,7 +144,8 @@ class DSparkExtWorker(BaseSpecWorker):
         self._hf_tokenizer = None  # loaded on the first grammar step (_tokenizer)
         self._chain_verify_checked = False
         # with --dspark-retrieval off a request may still ask for prompt lookup (custom_params dspark_retrieval)
-        self.retrieval = RetrievalDrafter(self.gamma, self.options.retrieval, server_args.speculative_draft_model_path)
+        self.retrieval = RetrievalDrafter(self.gamma, self.options.retrieval, server_args.speculative_draft_model_path,
+                                          self.options.ngram_table)
         # smoothed expected accepted drafts of a drafted request (calibrated survival sum): the bar a retrieval chain
         # must clear for its request to skip the draft pass (None until the drafter has drafted once)
         self.drafter_expected: float | None = None

@@ -1,13 +1,14 @@
-"""Retrieval drafts (prompt/output lookup, cross-request corpus) on a real server.
+"""Retrieval drafts (prompt/output lookup, cross-request corpus, n-gram table) on a real server.
 
 Runs (greedy, fp32), each against the same target without speculation:
   - tiny target (random weights, real attention) with retrieval drafts forced on: no drafter pass at all
     (--dspark-no-model-drafts) and `fixed:4`, so every chain a source offers is verified;
   - bigram target, forced on the same way, and the default hybrid (noisy matching drafter + both retrieval sources,
     `dspark` controller): the bigram's greedy chain cycles, so lookup chains are accepted as well as rejected.
+  A third bigram run adds an n-gram table whose chains are right after even tokens, wrong after odd ones.
   Token-identical output is required, and retrieval chains must have been verified (per-request `by_source`).
-  bigram target at T = 1 with retrieval drafts forced on (`random:4`, no drafter): the corpus proposes what other
-  requests sampled, a point-mass draft; the 3-token continuation law is checked as in
+  bigram target at T = 1 with retrieval drafts forced on (`random:4`, no drafter, the same table): the corpus
+  proposes what other requests sampled and the table its fixed guesses, point-mass drafts; the 3-token continuation law is checked as in
   test_dspark_lossless_sampling.py (chi-square + TV bound), and drafts must be both accepted and rejected.
 A bad custom_params.dspark_retrieval is an HTTP 400 and the server stays up.
 """
@@ -41,13 +42,29 @@ def _run(server: Server) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def greedy_runs(models, log_dir) -> dict:
+def bigram_table(models, tmp_path_factory) -> str:
+    """An n-gram table for the bigram target: after every even token the target's greedy successor, after every odd
+    one a wrong token, so its chains are both accepted and rejected."""
+    from sglang_dspark.retrieval import NgramTable
+    from tests.tiny_dspark import bigram_logits
+
+    greedy = bigram_logits(models.bigram).argmax(-1).tolist()
+    V = len(greedy)
+    path = tmp_path_factory.mktemp("ngram") / "ngram_table.npz"
+    NgramTable.build([[x, greedy[x] if x % 2 == 0 else (greedy[x] + 1) % V] for x in range(V)]).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def greedy_runs(models, bigram_table, log_dir) -> dict:
     t, b = models.tiny, models.bigram
     jobs = {
         "tiny_plain": plain_args(t),
         "tiny_retrieval_only": dspark_args(t, models.tiny_drafter, "fixed:4", *RETRIEVAL_ONLY),
         "bigram_plain": plain_args(b),
         "bigram_retrieval_only": dspark_args(b, models.noisy_drafter, "fixed:4", *RETRIEVAL_ONLY),
+        "bigram_table": dspark_args(b, models.noisy_drafter, "fixed:4", *RETRIEVAL_ONLY,
+                                    "--dspark-ngram-table", bigram_table),
         "bigram_hybrid": dspark_args(b, models.noisy_drafter, "dspark", "--dspark-retrieval", "both"),
     }
     servers = {name: Server(f"retrieval_{name}", args, None, log_dir) for name, args in jobs.items()}
@@ -66,7 +83,7 @@ def _by_source(run: list[dict]) -> dict:
     return total
 
 
-@pytest.mark.parametrize("name", ["tiny_retrieval_only", "bigram_retrieval_only", "bigram_hybrid"])
+@pytest.mark.parametrize("name", ["tiny_retrieval_only", "bigram_retrieval_only", "bigram_table", "bigram_hybrid"])
 def test_greedy_with_retrieval_drafts_is_token_identical(greedy_runs, name):
     ref = [r["output_ids"] for r in greedy_runs[name.split("_")[0] + "_plain"]]
     got = [r["output_ids"] for r in greedy_runs[name]]
@@ -77,19 +94,24 @@ def test_greedy_with_retrieval_drafts_is_token_identical(greedy_runs, name):
             pytest.fail(f"{name}: prompt {i} ({PROMPTS[i]!r}) diverges at token {k}: {g[k:k + 6]} vs {r[k:k + 6]}")
     sources = _by_source(greedy_runs[name])
     print(name, sources)
-    retrieved = sum(sources.get(s, {}).get("verified", 0) for s in ("prompt", "corpus"))
+    retrieved = sum(sources.get(s, {}).get("verified", 0) for s in ("prompt", "corpus", "table"))
     if name == "bigram_hybrid":  # the matching drafter's calibrated block usually outbids untried chains here
         assert sum(v["verified"] for v in sources.values()) > 0, f"{name}: nothing was verified: {sources}"
         return
     assert retrieved > 0, f"{name}: no retrieval draft was verified, so the test exercised nothing: {sources}"
-    accepted = sum(sources.get(s, {}).get("accepted", 0) for s in ("prompt", "corpus"))
+    accepted = sum(sources.get(s, {}).get("accepted", 0) for s in ("prompt", "corpus", "table"))
     if name.startswith("bigram"):  # the cycle is found: accepted chains (the tiny model's are rejected: both paths)
         assert accepted > 0, f"{name}: no retrieval draft was accepted: {sources}"
     else:
         assert accepted < retrieved, f"{name}: every retrieval draft was accepted: {sources}"
 
 
-@pytest.mark.parametrize("name", ["tiny_retrieval_only", "bigram_retrieval_only"])
+def test_table_chains_are_verified_accepted_and_rejected(greedy_runs):
+    table = _by_source(greedy_runs["bigram_table"]).get("table", {})
+    assert 0 < table.get("accepted", 0) < table.get("verified", 0), table
+
+
+@pytest.mark.parametrize("name", ["tiny_retrieval_only", "bigram_retrieval_only", "bigram_table"])
 def test_retrieval_only_runs_no_drafter_pass(greedy_runs, name):
     recs = [r["meta_info"]["dspark"] for r in greedy_runs[name]]
     assert sum(r["draft_steps"] for r in recs) == 0, recs
@@ -102,9 +124,10 @@ def test_hybrid_uses_both_the_drafter_and_retrieval(greedy_runs):
 
 
 @pytest.fixture(scope="module")
-def sampling_server(models, log_dir):
+def sampling_server(models, bigram_table, log_dir):
     srv = Server("retrieval_bigram_random4", dspark_args(models.bigram, models.noisy_drafter, "random:4",
-                                                         "--dspark-record-verify-lens", *RETRIEVAL_ONLY),
+                                                         "--dspark-record-verify-lens", *RETRIEVAL_ONLY,
+                                                         "--dspark-ngram-table", bigram_table),
                  None, log_dir)
     with srv:
         yield srv

@@ -136,18 +136,18 @@ def by_source(registry) -> dict[str, tuple[float, float, float]]:
 
 def test_by_source_counters_for_mixed_sources(metrics, registry):
     assert by_source(registry) == {src: (0, 0, 0) for src in SOURCE_NAMES}  # pre-created by set_info
-    # rows: drafter, prompt, nothing proposed, corpus, drafter
-    observe(metrics, make_step([4, 3, 0, 2, 1], [2, 3, 0, 0, 1], sources=[0, 1, -1, 2, 0]))
-    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (1, 3, 3), "corpus": (1, 2, 0)}
+    # rows: drafter, prompt, nothing proposed, corpus, drafter, n-gram table
+    observe(metrics, make_step([4, 3, 0, 2, 1, 3], [2, 3, 0, 0, 1, 2], sources=[0, 1, -1, 2, 0, 3]))
+    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (1, 3, 3), "corpus": (1, 2, 0), "table": (1, 3, 2)}
     observe(metrics, make_step([2, 2], [1, 2], sources=[1, 1]))
-    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (3, 7, 6), "corpus": (1, 2, 0)}
+    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (3, 7, 6), "corpus": (1, 2, 0), "table": (1, 3, 2)}
     # fallback steps, steps without sources (older callers) and a list not matching the batch count nothing
     observe(metrics, make_step([0, 0], [0, 0], sources=[0, 2], fallback="nan"))
     observe(metrics, make_step([3], [3]))
     observe(metrics, make_step([3, 1], [3, 1], sources=[2]))
-    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (3, 7, 6), "corpus": (1, 2, 0)}
+    assert by_source(registry) == {"drafter": (2, 5, 3), "prompt": (3, 7, 6), "corpus": (1, 2, 0), "table": (1, 3, 2)}
     # the all-sources totals still count every request-step
-    assert value(registry, "sglang:dspark_verified_tokens_total") == 4 + 3 + 2 + 1 + 2 + 2 + 3 + 3 + 1
+    assert value(registry, "sglang:dspark_verified_tokens_total") == 4 + 3 + 2 + 1 + 3 + 2 + 2 + 3 + 3 + 1
 
 
 def test_by_source_counters_equal_per_request_records_summed(metrics, registry):
@@ -157,6 +157,7 @@ def test_by_source_counters_equal_per_request_records_summed(metrics, registry):
         ([0, 1], [0, 0], [0, 0], [0, 0], "exception"),
         ([0, 1, 2], [1, 0, 3], [0, 0, 1], [0, -1, 2], None),
         ([1, 2], [4, 4], [4, 1], [1, 2], None),
+        ([0, 2], [3, 2], [1, 2], [3, 3], None),
     ]
     per_request: dict[int, dict[str, list]] = {}
     for rids, verify, accept, sources, fallback in steps:
@@ -173,7 +174,7 @@ def test_by_source_counters_equal_per_request_records_summed(metrics, registry):
     records = [summarize(meta) for meta in per_request.values()]
     want = {src: tuple(sum(r.get("by_source", {}).get(src, {}).get(k, 0) for r in records)
                        for k in ("steps", "verified", "accepted")) for src in SOURCE_NAMES}
-    assert want == {"drafter": (2, 5, 3), "prompt": (2, 6, 6), "corpus": (2, 7, 2)}
+    assert want == {"drafter": (2, 5, 3), "prompt": (2, 6, 6), "corpus": (2, 7, 2), "table": (2, 5, 3)}
     assert by_source(registry) == want
 
 
