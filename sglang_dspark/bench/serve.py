@@ -50,7 +50,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of none, none-sync (no overlap scheduler), none-gemm-off (SGLang's own GEMMs), "
                         f"none-gemm-64 (GEMM crossovers measured up to 64 rows only), "
                         f"ngram, fixed:G, threshold:C, sps-topk, dspark, dspark-async, dspark-noretrieval, "
-                        f"retrieval-only, dspark-prompt, dspark-gemm-off, dspark-nopeek "
+                        f"retrieval-only, dspark-prompt, dspark-notable, dspark-gemm-off, dspark-nopeek "
                         f"(default: {DEFAULT_POLICIES})")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -139,6 +139,7 @@ POLICY_VARIANTS = {
     "dspark-noretrieval": ("dspark", ["--dspark-retrieval", "off"]),  # the drafter alone
     "retrieval-only": ("dspark", ["--dspark-no-model-drafts"]),  # retrieval drafts alone, no drafter pass
     "dspark-prompt": ("dspark", ["--dspark-retrieval", "prompt"]),  # drafter + prompt/output lookup, no corpus
+    "dspark-notable": ("dspark", ["--dspark-ngram-table", "off"]),  # the default without the n-gram table
     "dspark-gemm-off": ("dspark", ["--dspark-cpu-gemm", "off"]),  # SGLang's own GEMMs, no small-M kernel
     "dspark-nopeek": ("dspark", ["--dspark-no-streak-peek"]),  # plain streaks skip the retrieval lookups too
 }

@@ -31,11 +31,12 @@ def _hash_windows(tokens: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
-def _hash_context(tail: list[int]) -> int:
-    h = 0
-    for tok in tail:
-        h = (h * 0x9E3779B97F4A7C15 + tok + 1) & 0xFFFFFFFFFFFFFFFF
-    return h
+HASH_MUL_INT = int(HASH_MUL)
+MASK64 = (1 << 64) - 1
+
+
+def _salt(n: int) -> np.uint64:
+    return np.uint64((n * 0xD6E8FEB86659FD93) & MASK64)
 
 
 MIN_SMOOTHED = 0.2
@@ -66,6 +67,14 @@ class NgramTable:
         self.tables = tables  # order -> (sorted keys u64, next token i32, top count i32, total count i32)
         self.tokens = tokens  # tokens the table was built from
         self.orders = tuple(sorted(tables, reverse=True))
+        # every order's contexts in one sorted array (keys salted by order), so a lookup is one vectorised search
+        salted = np.concatenate([tables[n][0] ^ _salt(n) for n in self.orders])
+        pick = np.argsort(salted, kind="stable")
+        self._keys = salted[pick]
+        self._next, self._top, self._total = (np.concatenate([tables[n][j] for n in self.orders])[pick]
+                                              for j in (1, 2, 3))
+        self._order = np.concatenate([np.full(tables[n][0].size, n, dtype=np.int32) for n in self.orders])[pick]
+        self._salts = [int(_salt(n)) for n in range(max(self.orders) + 1)]
 
     @classmethod
     def build(cls, sequences, orders=ORDERS, min_total: int = 1) -> "NgramTable":
@@ -105,15 +114,20 @@ class NgramTable:
     def lookup(self, context) -> Step | None:
         """The longest-context prediction after `context` (a sequence of ids), or None."""
         ctx = [int(t) for t in context[-max(self.orders):]] if len(context) else []
-        for n in self.orders:
-            if len(ctx) < n:
-                continue
-            keys, nxt, top, total = self.tables[n]
-            h = np.uint64(_hash_context(ctx[-n:]))
-            i = int(np.searchsorted(keys, h))
-            if i < keys.size and keys[i] == h:
-                return Step(int(nxt[i]), n, int(top[i]), int(total[i]))
-        return None
+        queries, h, mul = [], 0, 1
+        for n in range(1, len(ctx) + 1):  # suffix hashes, shortest first: h_{n+1} = (t_{-n-1} + 1) M^n + h_n
+            h = (h + (ctx[-n] + 1) * mul) & MASK64
+            mul = (mul * HASH_MUL_INT) & MASK64
+            queries.append(h ^ self._salts[n])
+        if not queries:
+            return None
+        q = np.array(queries, dtype=np.uint64)
+        idx = np.minimum(np.searchsorted(self._keys, q), self._keys.size - 1)
+        hit = np.flatnonzero(self._keys[idx] == q)
+        if hit.size == 0:
+            return None
+        i = int(idx[hit[-1]])  # the longest context found (orders not in the table never match)
+        return Step(int(self._next[i]), int(self._order[i]), int(self._top[i]), int(self._total[i]))
 
     def chain(self, context, max_tokens: int) -> list[Step]:
         """Greedy chain of up to max_tokens predictions, each fed back as context for the next."""
@@ -130,17 +144,61 @@ class NgramTable:
     def candidate(self, context, max_tokens: int, source: int) -> Candidate | None:
         """The table's chain as a retrieval proposal, each draft with its own evidence (order, grade), cut before
         the first draft whose smoothed frequency is below MIN_SMOOTHED (those are accepted ~5% of the time)."""
-        steps = []
-        for step in self.chain(context, max_tokens):
-            if smoothed(step) < MIN_SMOOTHED:
+        return self.candidates([context], max_tokens, source)[0]
+
+    def candidates(self, contexts, max_tokens: int, source: int) -> list[Candidate | None]:
+        """candidate() for a batch of contexts at once: every request's chain advances one draft per vectorised
+        search (the walk of chain(), for all rows together), so a step of a thousand requests costs milliseconds."""
+        R, L = len(contexts), max(self.orders)
+        if R == 0 or max_tokens <= 0:
+            return [None] * R
+        tails = np.zeros((R, L), dtype=np.int64)
+        lens = np.zeros(R, dtype=np.int64)
+        for r, ctx in enumerate(contexts):
+            t = np.asarray(ctx[-L:], dtype=np.int64)
+            tails[r, L - t.size:] = t
+            lens[r] = t.size
+        powers = np.empty(L, dtype=np.uint64)  # M^(n-1) for n = 1..L
+        powers[0] = 1
+        with np.errstate(over="ignore"):
+            for n in range(1, L):
+                powers[n] = powers[n - 1] * HASH_MUL
+        salts = np.array(self._salts[1: L + 1], dtype=np.uint64)
+        width = np.arange(1, L + 1)
+        out_tok = np.zeros((R, max_tokens), dtype=np.int64)
+        out_order = np.zeros((R, max_tokens), dtype=np.int64)
+        out_grade = np.zeros((R, max_tokens), dtype=np.int64)
+        length = np.zeros(R, dtype=np.int64)
+        alive = lens > 0
+        for k in range(max_tokens):
+            if not alive.any():
                 break
-            steps.append(step)
-        if not steps:
-            return None
-        grades = np.array([grade(s) for s in steps], dtype=np.int64)
-        orders = np.array([s.order for s in steps], dtype=np.int64)
-        return Candidate(tokens=np.array([s.token for s in steps], dtype=np.int64), match_len=int(orders[0]),
-                         count=int(grades[0]), source=source, match_lens=orders, counts=grades)
+            with np.errstate(over="ignore"):
+                # column n - 1: hash of the last n tokens (the tail's last column is its newest token)
+                terms = (tails[:, ::-1].astype(np.uint64) + np.uint64(1)) * powers
+                q = np.cumsum(terms, axis=1, dtype=np.uint64) ^ salts
+            idx = np.minimum(np.searchsorted(self._keys, q.ravel()), self._keys.size - 1).reshape(R, L)
+            hit = (self._keys[idx] == q) & (width <= lens[:, None])
+            best = L - 1 - np.argmax(hit[:, ::-1], axis=1)  # the longest context found
+            found = hit[np.arange(R), best] & alive
+            at = idx[np.arange(R), best]
+            top, total = self._top[at].astype(np.float64), self._total[at].astype(np.float64)
+            sm = top / (total + 1)
+            ok = found & (sm >= MIN_SMOOTHED)
+            out_tok[ok, k] = self._next[at[ok]]
+            out_order[ok, k] = self._order[at[ok]]
+            out_grade[ok, k] = np.array((1, 2, 4, 8))[np.searchsorted(GRADE_EDGES, sm[ok], side="right")]
+            length[ok] += 1
+            alive = ok
+            tails = np.concatenate([tails[:, 1:], out_tok[:, k: k + 1]], axis=1)
+            lens = np.minimum(lens + 1, L)
+        out: list[Candidate | None] = []
+        for r in range(R):
+            n = int(length[r])
+            out.append(Candidate(tokens=out_tok[r, :n].copy(), match_len=int(out_order[r, 0]),
+                                 count=int(out_grade[r, 0]), source=source, match_lens=out_order[r, :n].copy(),
+                                 counts=out_grade[r, :n].copy()) if n else None)
+        return out
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:

@@ -85,13 +85,17 @@ class RetrievalDrafter:
         if rows:
             for i, cand in zip(rows, self.corpus.candidates([reqs[i].rid for i in rows], [contexts[i] for i in rows])):
                 corpus[i] = cand
+        table = [None] * R
+        rows = [i for i in range(R) if want_corpus[i]] if self.table is not None else []
+        for i, cand in zip(rows, self.table.candidates([contexts[i] for i in rows], G, SOURCE_TABLE) if rows else []):
+            table[i] = cand
         tokens = torch.zeros(R, G, dtype=torch.int64)
         probs = torch.zeros(R, G, dtype=torch.float32)
         chosen: list[Candidate | None] = [None] * R
         for i in range(R):
             best, best_value = None, 0.0
             options = [prompt_candidate(contexts[i], G, SOURCE_PROMPT) if want_prompt[i] else None, corpus[i],
-                       self.table.candidate(contexts[i], G, SOURCE_TABLE) if want_corpus[i] and self.table else None]
+                       table[i]]
             for cand in options:
                 if cand is None:
                     continue

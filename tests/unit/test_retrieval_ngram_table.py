@@ -102,3 +102,23 @@ def test_server_table_setting(tmp_path):
         load_ngram_table("auto", str(tmp_path))
     NgramTable.build([[1, 2, 3]]).save(tmp_path / TABLE_FILE)
     assert load_ngram_table("auto", str(tmp_path)).lookup([1]).token == 2
+
+
+def test_batched_candidates_equal_one_at_a_time_walks():
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, 5, size=rng.integers(3, 40)).tolist() for _ in range(60)]
+    table = NgramTable.build(seqs)
+    contexts = [rng.integers(0, 5, size=rng.integers(1, 20)) for _ in range(200)] + [np.zeros(0, dtype=np.int64)]
+    batched = table.candidates(contexts, 7, source=3)
+    for ctx, got in zip(contexts, batched):
+        steps = []
+        for step in table.chain(ctx, 7):  # the reference walk: back-off lookups, cut at the first weak draft
+            if smoothed(step) < MIN_SMOOTHED:
+                break
+            steps.append(step)
+        if not steps:
+            assert got is None
+            continue
+        assert got.tokens.tolist() == [s.token for s in steps]
+        assert got.match_lens.tolist() == [s.order for s in steps]
+        assert got.counts.tolist() == [grade(s) for s in steps]
