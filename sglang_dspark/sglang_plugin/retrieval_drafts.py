@@ -1,5 +1,6 @@
-"""Retrieval proposals for one decode step, beside the drafter's block: per request, the better of its prompt /
-output lookup chain and the cross-request corpus chain (retrieval/, retrieval_corpus.py), each with calibrated
+"""Retrieval proposals for one decode step, beside the drafter's block: per request, the best of its prompt /
+output lookup chain, the cross-request corpus chain (retrieval_corpus.py) and the n-gram table's chain (retrieval/
+ngram_table.py, a static table of the target's own answers, part of the `corpus` mode), each with calibrated
 per-position confidences (retrieval.RetrievalConfidence) on the drafter's scale, so the controller can pick the
 source per request and schedule both with the same survival curve.
 
