@@ -1,9 +1,9 @@
 """What each kind of decode step costs and returns, from a DSPARK_EXT server's step trace at one request per step
 (`bench ab` keeps them as <out stem>_traces/<policy>.jsonl): plain steps, and verify steps by the source of the
-verified drafts (drafter, prompt lookup, corpus, n-gram table). Per kind: steps, tokens committed per step (accepted + 1), the
-median draft pass, forward and scheduler gap (time between two steps beyond the two, prefills excluded), and
-tokens per plain-step-equivalent: (accepted + 1) / (step time / median plain step time). A kind above 1 pays for
-itself at this load, one below 1 loses against plain decoding.
+verified drafts (drafter, prompt lookup, corpus, n-gram table). Per kind: steps, tokens committed per step
+(accepted + 1), the median draft pass, forward and scheduler gap (time between two steps beyond the two, prefills
+excluded), and tokens per plain-step-equivalent: (accepted + 1) / (step time / median plain step time). A kind
+above 1 pays for itself at this load, one below 1 loses against plain decoding.
 
     python benchmarks/step_cost_by_source.py TRACE.jsonl --out benchmarks/results/step-cost-by-source-DATE-CPU
 """

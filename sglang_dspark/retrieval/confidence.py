@@ -79,14 +79,14 @@ class RetrievalConfidence:
         self._recent_next = {s: np.zeros(gamma, dtype=np.int64) for s in self.sources}
 
     # ------------------------------------------------------------------ prediction
-    def cell(self, source: str, match_len: int, count: int) -> tuple[int, int]:
+    def cell(self, match_len: int, count: int) -> tuple[int, int]:
         return _bucket(match_len, MATCH_LEN_EDGES), _bucket(count, COUNT_EDGES)
 
     def cells(self, match_len: int, count: int, n: int, match_lens=None, counts=None) -> tuple[np.ndarray, np.ndarray]:
         """(match bucket, count bucket) per position: the chain's own per-position evidence where it has some (the
         n-gram table's chains: each draft was predicted from its own context), else its first position's."""
         if match_lens is None:
-            m, c = _bucket(match_len, MATCH_LEN_EDGES), _bucket(count, COUNT_EDGES)
+            m, c = self.cell(match_len, count)
             return np.full(n, m), np.full(n, c)
         m = np.maximum(np.searchsorted(MATCH_LEN_EDGES, np.asarray(match_lens[:n]), side="right") - 1, 0)
         c = np.maximum(np.searchsorted(COUNT_EDGES, np.asarray(counts[:n]), side="right") - 1, 0)
@@ -102,7 +102,7 @@ class RetrievalConfidence:
     def observations(self, source: str, match_len: int, count: int, history: int = HISTORY_NONE) -> int:
         """Outcomes behind the cell's first position beyond the built-in prior's pseudo-counts: online verify
         outcomes, plus those of a fitted prior (fit_table's counts are real evidence, so its cells start explored)."""
-        m, c = self.cell(source, match_len, count)
+        m, c = self.cell(match_len, count)
         return max(0, int(round(float(self.table[source][m, c, history, 0].sum()) - PRIOR_STRENGTH)))
 
     # ------------------------------------------------------------------ learning

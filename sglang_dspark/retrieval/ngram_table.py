@@ -40,7 +40,8 @@ def _salt(n: int) -> np.uint64:
 
 
 MIN_SMOOTHED = 0.2
-GRADE_EDGES = (0.35, 0.6, 0.85)  # smoothed frequency -> grade 1 / 2 / 4 / 8 (confidence.COUNT_EDGES' buckets)
+GRADE_EDGES = (0.35, 0.6, 0.85)  # smoothed frequency -> GRADES[i] (each in its own confidence.COUNT_EDGES bucket)
+GRADES = np.array((1, 2, 4, 8))
 
 
 def smoothed(step: "Step") -> float:
@@ -51,7 +52,7 @@ def smoothed(step: "Step") -> float:
 def grade(step: "Step") -> int:
     """Evidence grade of a prediction, 1 / 2 / 4 / 8 by its smoothed frequency: on held-out greedy answers the
     conditional acceptance rises ~0.2 / 0.35 / 0.5 / 0.75 across them (benchmarks/seed_table_study.py)."""
-    return (1, 2, 4, 8)[int(np.searchsorted(GRADE_EDGES, smoothed(step), side="right"))]
+    return int(GRADES[np.searchsorted(GRADE_EDGES, smoothed(step), side="right")])
 
 
 @dataclass
@@ -75,6 +76,13 @@ class NgramTable:
                                               for j in (1, 2, 3))
         self._order = np.concatenate([np.full(tables[n][0].size, n, dtype=np.int32) for n in self.orders])[pick]
         self._salts = [int(_salt(n)) for n in range(max(self.orders) + 1)]
+        L = max(self.orders)
+        self._powers = np.empty(L, dtype=np.uint64)  # M^(n-1) for n = 1..L: the batched suffix hashes' weights
+        self._powers[0] = 1
+        with np.errstate(over="ignore"):
+            for n in range(1, L):
+                self._powers[n] = self._powers[n - 1] * HASH_MUL
+        self._salt_row = np.array(self._salts[1:], dtype=np.uint64)
 
     @classmethod
     def build(cls, sequences, orders=ORDERS, min_total: int = 1) -> "NgramTable":
@@ -158,12 +166,6 @@ class NgramTable:
             t = np.asarray(ctx[-L:], dtype=np.int64)
             tails[r, L - t.size:] = t
             lens[r] = t.size
-        powers = np.empty(L, dtype=np.uint64)  # M^(n-1) for n = 1..L
-        powers[0] = 1
-        with np.errstate(over="ignore"):
-            for n in range(1, L):
-                powers[n] = powers[n - 1] * HASH_MUL
-        salts = np.array(self._salts[1: L + 1], dtype=np.uint64)
         width = np.arange(1, L + 1)
         out_tok = np.zeros((R, max_tokens), dtype=np.int64)
         out_order = np.zeros((R, max_tokens), dtype=np.int64)
@@ -175,8 +177,8 @@ class NgramTable:
                 break
             with np.errstate(over="ignore"):
                 # column n - 1: hash of the last n tokens (the tail's last column is its newest token)
-                terms = (tails[:, ::-1].astype(np.uint64) + np.uint64(1)) * powers
-                q = np.cumsum(terms, axis=1, dtype=np.uint64) ^ salts
+                terms = (tails[:, ::-1].astype(np.uint64) + np.uint64(1)) * self._powers
+                q = np.cumsum(terms, axis=1, dtype=np.uint64) ^ self._salt_row
             idx = np.minimum(np.searchsorted(self._keys, q.ravel()), self._keys.size - 1).reshape(R, L)
             hit = (self._keys[idx] == q) & (width <= lens[:, None])
             best = L - 1 - np.argmax(hit[:, ::-1], axis=1)  # the longest context found
@@ -187,7 +189,7 @@ class NgramTable:
             ok = found & (sm >= MIN_SMOOTHED)
             out_tok[ok, k] = self._next[at[ok]]
             out_order[ok, k] = self._order[at[ok]]
-            out_grade[ok, k] = np.array((1, 2, 4, 8))[np.searchsorted(GRADE_EDGES, sm[ok], side="right")]
+            out_grade[ok, k] = GRADES[np.searchsorted(GRADE_EDGES, sm[ok], side="right")]
             length[ok] += 1
             alive = ok
             tails = np.concatenate([tails[:, 1:], out_tok[:, k: k + 1]], axis=1)

@@ -95,8 +95,8 @@ def add_dspark_args(parser: argparse.ArgumentParser) -> None:
                         "'model' = the drafter too, its tokens checked against the grammar.")
     g.add_argument("--dspark-retrieval", choices=("off", "prompt", "corpus", "both"), default=d.retrieval,
                    help="Retrieval drafts beside the drafter's: 'prompt' = continuations copied from the request's own "
-                        "prompt and output, 'corpus' = from recent outputs of all requests (SGLang's n-gram trie) and the "
-                        "n-gram table of the target's own answers (--dspark-ngram-table), "
+                        "prompt and output, 'corpus' = from recent outputs of all requests (SGLang's n-gram trie) "
+                        "and the n-gram table of the target's own answers (--dspark-ngram-table), "
                         "'both' (default) or 'off'. Per request and step the controller verifies the source with the "
                         "better calibrated survival curve; a request whose retrieval chain is confident enough skips "
                         "the drafter pass. Per request: custom_params dspark_retrieval.")

@@ -81,15 +81,14 @@ class RetrievalDrafter:
         if not any(want_prompt) and not any(want_corpus):
             return None
         contexts = [token_context(r) if (want_prompt[i] or want_corpus[i]) else None for i, r in enumerate(reqs)]
-        corpus = [None] * R
-        rows = [i for i in range(R) if want_corpus[i]] if self.corpus is not None else []
-        if rows:
+        corpus, table = [None] * R, [None] * R
+        rows = [i for i in range(R) if want_corpus[i]]
+        if rows and self.corpus is not None:
             for i, cand in zip(rows, self.corpus.candidates([reqs[i].rid for i in rows], [contexts[i] for i in rows])):
                 corpus[i] = cand
-        table = [None] * R
-        rows = [i for i in range(R) if want_corpus[i]] if self.table is not None else []
-        for i, cand in zip(rows, self.table.candidates([contexts[i] for i in rows], G, SOURCE_TABLE) if rows else []):
-            table[i] = cand
+        if rows and self.table is not None:
+            for i, cand in zip(rows, self.table.candidates([contexts[i] for i in rows], G, SOURCE_TABLE)):
+                table[i] = cand
         tokens = torch.zeros(R, G, dtype=torch.int64)
         probs = torch.zeros(R, G, dtype=torch.float32)
         chosen: list[Candidate | None] = [None] * R

@@ -8,8 +8,9 @@ Runs (greedy, fp32), each against the same target without speculation:
   A third bigram run adds an n-gram table whose chains are right after even tokens, wrong after odd ones.
   Token-identical output is required, and retrieval chains must have been verified (per-request `by_source`).
   bigram target at T = 1 with retrieval drafts forced on (`random:4`, no drafter, the same table): the corpus
-  proposes what other requests sampled and the table its fixed guesses, point-mass drafts; the 3-token continuation law is checked as in
-  test_dspark_lossless_sampling.py (chi-square + TV bound), and drafts must be both accepted and rejected.
+  proposes what other requests sampled and the table its fixed guesses, point-mass drafts; the 3-token
+  continuation law is checked as in test_dspark_lossless_sampling.py (chi-square + TV bound), and drafts must be
+  both accepted and rejected.
 A bad custom_params.dspark_retrieval is an HTTP 400 and the server stays up.
 """
 
