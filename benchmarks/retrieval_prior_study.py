@@ -25,14 +25,18 @@ from sglang_dspark.bench.machine import describe_machine
 from sglang_dspark.retrieval.confidence import ECE_BINS, HISTORY_NONE, RetrievalConfidence, fit_table, served_chains
 
 
-def walk(conf: RetrievalConfidence, seqs, gamma: int, use_history: bool, online: bool) -> dict:
+def walk(conf: RetrievalConfidence, seqs, gamma: int, use_history: bool, online: bool, source: str = "prompt",
+         propose=None) -> dict:
+    """Per-position ECE of predicted prefix survival and log-loss of `source`'s chains (drawn by propose, default
+    prompt lookup) as a T = 0 server meets them in each answer."""
     pred = [[] for _ in range(gamma)]
     label = [[] for _ in range(gamma)]
     loss, positions = 0.0, 0
     for prompt, output in seqs:
-        for cand, n, accepted, hist in served_chains(prompt, output, gamma):
+        for cand, n, accepted, hist in served_chains(prompt, output, gamma, propose=propose):
             h = hist if use_history else HISTORY_NONE
-            p = conf.probs("prompt", cand.match_len, cand.count, n, h)
+            extra = {"match_lens": cand.match_lens, "counts": cand.counts}
+            p = conf.probs(source, cand.match_len, cand.count, n, h, **extra)
             surv = np.cumprod(p)
             for k in range(n):
                 pred[k].append(float(surv[k]))
@@ -43,7 +47,7 @@ def walk(conf: RetrievalConfidence, seqs, gamma: int, use_history: bool, online:
             loss -= float((y * np.log(q) + (1 - y) * np.log(1 - q)).sum())
             positions += reached
             if online:
-                conf.observe("prompt", cand.match_len, cand.count, p, n, accepted, h)
+                conf.observe(source, cand.match_len, cand.count, p, n, accepted, h, **extra)
     ece = []
     for pr, lb in zip(pred, label):
         pr, lb = np.asarray(pr), np.asarray(lb, dtype=float)

@@ -110,7 +110,7 @@ def study(seed, evals, sizes, use_corpus: bool):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seed", required=True)
+    p.add_argument("--seed", nargs="+", required=True, help="greedy answers to training prompts, in this order")
     p.add_argument("--eval", required=True)
     p.add_argument("--sizes", type=int, nargs="+", default=None)
     p.add_argument("--no-corpus", action="store_true")
@@ -121,7 +121,7 @@ def main() -> None:
     from sglang_dspark.embedded import DEFAULT_TARGET_DIR
 
     tok = AutoTokenizer.from_pretrained(str(DEFAULT_TARGET_DIR))
-    seed, evals = load_pairs(args.seed, tok), load_pairs(args.eval, tok)
+    seed, evals = [row for path in args.seed for row in load_pairs(path, tok)], load_pairs(args.eval, tok)
     sizes = args.sizes or sorted({0, len(seed) // 8, len(seed) // 4, len(seed) // 2, len(seed)})
     rows = study(seed, evals, sizes, not args.no_corpus)
     Path(args.out + ".json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))

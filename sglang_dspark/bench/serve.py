@@ -50,8 +50,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of none, none-sync (no overlap scheduler), none-gemm-off (SGLang's own GEMMs), "
                         f"none-gemm-64 (GEMM crossovers measured up to 64 rows only), "
                         f"ngram, fixed:G, threshold:C, sps-topk, dspark, dspark-async, dspark-noretrieval, "
-                        f"retrieval-only, dspark-prompt, dspark-notable, dspark-gemm-off, dspark-nopeek "
-                        f"(default: {DEFAULT_POLICIES})")
+                        f"retrieval-only, dspark-prompt, dspark-notable, dspark-table:PATH, dspark-gemm-off, "
+                        f"dspark-nopeek (default: {DEFAULT_POLICIES})")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
@@ -145,6 +145,9 @@ POLICY_VARIANTS = {
 }
 
 
+TABLE_POLICY = "dspark-table:"  # dspark-table:PATH, the default with that n-gram table: A/Bs of two tables
+
+
 def is_dspark_policy(policy: str) -> bool:
     return policy not in PLAIN_POLICIES + ("ngram",)
 
@@ -172,6 +175,8 @@ def server_flags(policy: str, args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"serve: policy {policy!r} needs a DSpark drafter; {drafter} has no config.json "
                          f"(train one or pass --drafter)")
     controller, variant = POLICY_VARIANTS.get(policy, (policy, []))
+    if policy.startswith(TABLE_POLICY):  # the default serving another n-gram table file
+        controller, variant = "dspark", ["--dspark-ngram-table", policy[len(TABLE_POLICY):]]
     flags = ["--speculative-algorithm", "DSPARK_EXT", "--speculative-draft-model-path", drafter,
              "--dspark-controller", controller, *variant]
     if args.gamma is not None:

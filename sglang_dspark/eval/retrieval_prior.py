@@ -18,7 +18,8 @@ chat template, the assistant turn re-tokenised), with no server.
         --ngram-table <drafter>/ngram_table.npz
 
 builds the n-gram table of those answers (retrieval/ngram_table.py) and fits its confidence prior, leaving the
-prompt lookup's prior as it is.
+prompt lookup's prior as it is. Each answer is scored against a table of the other prompt families (the rows'
+`source`), as the server meets eval prompts its table never saw (--table-fit).
 """
 
 from __future__ import annotations
@@ -56,12 +57,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "built from the rest, so it is scored on answers the table never saw")
     p.add_argument("--table-only", action="store_true",
                    help="with --ngram-table: keep the other sources' prior already at --out, refit the table's only")
-    p.add_argument("--table-holdout", type=float, default=0.1, help="share of sequences the table prior is fitted on")
+    p.add_argument("--table-fit", choices=TABLE_FITS, default="leave-family-out",
+                   help="how the table prior is scored: each answer against a table of the other prompt families "
+                        "(default; holdout where the answers have one family), or a random held-out share")
+    p.add_argument("--table-holdout", type=float, default=0.1, help="with --table-fit holdout: share of sequences "
+                   "the table prior is fitted on")
     return p.parse_args(argv)
 
 
-def conversation_sequences(tok, paths: list[str]) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) of single-turn user/assistant rows; other rows are skipped."""
+def conversation_rows(tok, paths: list[str]) -> list[tuple[str, list[int], list[int]]]:
+    """(prompt family, prompt ids, answer ids) of single-turn user/assistant rows; other rows are skipped. The
+    family is the row's `source` (`train generate` writes the prompt set's name there), else its file's name."""
     from sglang_dspark.train.chat import render_prompt
 
     out = []
@@ -69,33 +75,60 @@ def conversation_sequences(tok, paths: list[str]) -> list[tuple[list[int], list[
         for line in Path(path).read_text().splitlines():
             if not line.strip():
                 continue
-            msgs = json.loads(line).get("messages") or []
+            row = json.loads(line)
+            msgs = row.get("messages") or []
             if len(msgs) != 2 or [m.get("role") for m in msgs] != ["user", "assistant"]:
                 continue
             answer = tok.encode(msgs[1]["content"], add_special_tokens=False)
             if answer:
-                out.append((render_prompt(tok, msgs[0]["content"]), answer))
+                out.append((row.get("source") or Path(path).stem, render_prompt(tok, msgs[0]["content"]), answer))
     if not out:
         raise ValueError(f"{paths}: no user/assistant rows to fit on")
     return out
 
 
-def fit_ngram_table(sequences, gamma: int, path: str, holdout: float) -> list:
-    """Builds the n-gram table from every answer into `path` and returns the table source's prior cells, fitted on
-    every 1/holdout-th answer against a table built from the others."""
-    from sglang_dspark.retrieval import NgramTable
-    from sglang_dspark.retrieval.confidence import fit_table
+def conversation_sequences(tok, paths: list[str]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of conversation_rows."""
+    return [(prompt, answer) for _, prompt, answer in conversation_rows(tok, paths)]
 
+
+TABLE_FITS = ("leave-family-out", "holdout")
+
+
+def table_proposers(rows, fit: str, holdout: float):
+    """(sequences scored, one propose per scored sequence) for the table prior.
+
+    leave-family-out: every answer is scored against a table built from the other prompt families only, as a served
+    request from a prompt set the table never saw meets it (fitted on random held-out answers of the same families,
+    the prior was over-confident on the eval mix: ECE 12-17% past position 1). holdout: every 1/holdout-th answer
+    against a table of the rest (what is left with one family)."""
+    from sglang_dspark.retrieval import NgramTable
+
+    families = sorted({f for f, _, _ in rows})
+    if fit == "leave-family-out" and len(families) >= 2:
+        tables = {f: NgramTable.build([o for g, _, o in rows if g != f]) for f in families}
+        return [(p, o) for _, p, o in rows], [lambda ctx, n, t=tables[f]: t.candidate(ctx, n, source=3)
+                                              for f, _, _ in rows]
     if not 0 < holdout < 1:
         raise ValueError(f"--table-holdout must be in (0, 1), got {holdout}")
     every = max(2, round(1 / holdout))
-    held = [s for i, s in enumerate(sequences) if i % every == 0]
-    rest = NgramTable.build([o for i, (_, o) in enumerate(sequences) if i % every])
-    conf = fit_table(held, gamma, source="table", propose=lambda ctx, n: rest.candidate(ctx, n, source=3))
-    full = NgramTable.build([o for _, o in sequences])
+    rest = NgramTable.build([o for i, (_, _, o) in enumerate(rows) if i % every])
+    held = [(p, o) for i, (_, p, o) in enumerate(rows) if i % every == 0]
+    return held, [lambda ctx, n: rest.candidate(ctx, n, source=3)] * len(held)
+
+
+def fit_ngram_table(rows, gamma: int, path: str, holdout: float, fit: str = "leave-family-out") -> list:
+    """Builds the n-gram table from every answer of `rows` (conversation_rows) into `path` and returns the table
+    source's prior cells, fitted as table_proposers says."""
+    from sglang_dspark.retrieval import NgramTable
+    from sglang_dspark.retrieval.confidence import fit_table
+
+    scored, proposers = table_proposers(rows, fit, holdout)
+    conf = fit_table(scored, gamma, source="table", proposers=proposers)
+    full = NgramTable.build([o for _, _, o in rows])
     full.save(path)
-    print(f"n-gram table: {full.tokens} answer tokens -> {path}; its prior fitted on {len(held)} held-out answers, "
-          f"scored per position {conf.scored('table')}")
+    print(f"n-gram table: {full.tokens} answer tokens -> {path}; its prior fitted ({fit}) on {len(scored)} answers "
+          f"the table they met never saw, scored per position {conf.scored('table')}")
     return conf.table["table"].tolist()
 
 
@@ -143,15 +176,17 @@ def main(argv=None) -> dict:
     cache = out.with_name(out.stem + ".outputs.jsonl")
     tok = AutoTokenizer.from_pretrained(args.model)
     if args.conversations:
-        sequences = conversation_sequences(tok, args.conversations)
+        rows = conversation_rows(tok, args.conversations)
+        sequences = [(prompt, answer) for _, prompt, answer in rows]
         source = {"conversations": [Path(p).name for p in args.conversations]}
     else:
-        texts = [t for path in args.prompts for t in load_prompts(path, args.limit)]
-        ids = [render_prompt(tok, t) for t in texts]  # as eval_acceptance renders its prompts
+        texts = [(Path(path).stem, t) for path in args.prompts for t in load_prompts(path, args.limit)]
+        ids = [render_prompt(tok, t) for _, t in texts]  # as eval_acceptance renders its prompts
         flags = ["--model-path", args.model, "--no-dspark", *shlex.split(args.server_args)]
         with ServerProcess(flags, startup_timeout_s=900) as srv:
             sequences = collect(srv.base_url, ids, args.max_tokens, args.concurrency, cache)
         source = {"prompts": list(args.prompts), "max_tokens": args.max_tokens}
+        rows = [(family, p, o) for (family, _), (p, o) in zip(texts, sequences)]
     gamma = DSparkConfig.from_json(args.drafter).block_size
     tokens = sum(len(o) for _, o in sequences)
     fitted_on = {**source, "sequences": len(sequences), "tokens": tokens, "machine": describe_machine()}
@@ -159,7 +194,6 @@ def main(argv=None) -> dict:
         if not args.ngram_table or not out.exists():
             raise SystemExit("--table-only needs --ngram-table and an existing prior at --out")
         data = json.loads(out.read_text())
-        data["table_fitted_on"] = fitted_on
     else:
         conf = fit_table(sequences, gamma)
         data = {**conf.to_json(), "fitted_on": fitted_on}
@@ -167,7 +201,8 @@ def main(argv=None) -> dict:
         print(f"retrieval prior: {len(sequences)} outputs, {tokens} tokens; lookup chains "
               f"scored per position {scored}; in-sample ECE {[round(e, 4) for e in conf.ece('prompt')]} -> {out}")
     if args.ngram_table:
-        data["table"]["table"] = fit_ngram_table(sequences, gamma, args.ngram_table, args.table_holdout)
+        data["table"]["table"] = fit_ngram_table(rows, gamma, args.ngram_table, args.table_holdout, args.table_fit)
+        data["table_fitted_on"] = {**fitted_on, "fit": args.table_fit, "families": sorted({f for f, _, _ in rows})}
     out.write_text(json.dumps(data) + "\n")
     return data
 

@@ -125,6 +125,16 @@ def test_rows_stats_plots_and_server_flags(env):
     assert (tmp_path / "serve_verify_budget.png").stat().st_size > 1000
 
 
+def test_table_policy_serves_the_default_with_that_table(env):
+    tmp_path, _, drafter = env
+    args = args_for(tmp_path, drafter, "--policies", "dspark-table:/x/old table.npz", "--concurrency", "1")
+    flags = serve.server_flags("dspark-table:/x/old table.npz", args)
+    assert flags[flags.index("--dspark-ngram-table") + 1] == "/x/old table.npz"
+    assert flags[flags.index("--dspark-controller") + 1] == "dspark"
+    assert serve.is_dspark_policy("dspark-table:/x/old table.npz")
+    assert "--dspark-ngram-table" not in serve.server_flags("dspark", args)
+
+
 def test_missing_drafter_is_a_clear_error(env, tmp_path):
     _, _, drafter = env
     with pytest.raises(SystemExit, match="drafter"):

@@ -47,3 +47,24 @@ def test_a_prior_fits_on_existing_greedy_answers_without_a_server(tmp_path):
     assert fitted["fitted_on"]["sequences"] == 1 and fitted["fitted_on"]["conversations"] == ["generated.jsonl"]
     conf = RetrievalConfidence.from_file(7, out)
     assert any(conf.observations("prompt", m, c, h) > 0 for m in range(1, 13) for c in (1, 2, 4, 8) for h in range(4))
+
+
+def test_leave_family_out_scores_every_answer_against_a_table_without_its_family():
+    import numpy as np
+
+    from sglang_dspark.eval.retrieval_prior import table_proposers
+
+    a = [10, 11, 12, 13, 14, 15, 16, 17]  # family "math" always continues 10 -> 11 -> 12 ...
+    b = [10, 21, 22, 23, 24, 25, 26, 27]  # family "code" continues 10 -> 21 -> 22 ...
+    rows = [("math", [1, 2], a)] * 3 + [("code", [1, 2], b)] * 3
+    scored, proposers = table_proposers(rows, "leave-family-out", 0.1)
+    assert len(scored) == len(proposers) == len(rows)  # every answer is scored once
+    math_cand = proposers[0](np.array([1, 2, 10]), 3)
+    code_cand = proposers[3](np.array([1, 2, 10]), 3)
+    assert list(math_cand.tokens) == [21, 22, 23]  # a math answer meets only the code family's n-grams
+    assert list(code_cand.tokens) == [11, 12, 13]
+
+    one_family = [("math", [1, 2], a)] * 20
+    scored, proposers = table_proposers(one_family, "leave-family-out", 0.1)
+    assert len(scored) == 2  # one family: every 10th answer held out of a table of the rest
+    assert list(proposers[0](np.array([1, 2, 10]), 2).tokens) == [11, 12]
