@@ -74,6 +74,10 @@ logger = logging.getLogger(__name__)
 # measured 0.94x none at c = 8-16: BENCHMARKS.md.)
 SOURCE_TOKEN_PRICE = 0.0
 
+# the retrieval ECE gauges are recomputed at most this often: over three sources and seven positions they cost ~1 ms,
+# over 1% of a 2-core c = 1 step, and a scrape reads them every few seconds at most
+RETRIEVAL_ECE_REFRESH_S = 1.0
+
 
 class DrafterFailure(RuntimeError):
     pass
@@ -151,6 +155,7 @@ class DSparkExtWorker(BaseSpecWorker):
         self.drafter_expected: float | None = None
         self.profiler = StepProfiler.from_env()
         self.metrics = _create_metrics(server_args, self.gamma, self.options.controller)
+        self._retrieval_ece_due = 0.0  # time.monotonic() of the next retrieval ECE refresh
         # Fault injection for tests: the first N decode steps get non-finite drafter output.
         self.inject_nan_steps = int(os.environ.get("SGLANG_DSPARK_INJECT_NAN_STEPS", "0"))
         logger.info("DSPARK_EXT worker: gamma=%d controller=%s drafter layers=%d target_layer_ids=%s",
@@ -490,7 +495,8 @@ class DSparkExtWorker(BaseSpecWorker):
         bonus = accept.bonus_tokens.to(torch.int64)
 
         stats.finish(verify_lens, accept_lens, fallback)
-        if self.metrics is not None:  # only the Prometheus gauge reads it
+        if self.metrics is not None and time.monotonic() >= self._retrieval_ece_due:  # only the gauges read it
+            self._retrieval_ece_due = time.monotonic() + RETRIEVAL_ECE_REFRESH_S
             stats.retrieval_ece, stats.retrieval_ece_floor = self.retrieval.ece()
             stats.retrieval_ece_served, stats.retrieval_ece_served_floor, stats.retrieval_predictions = \
                 self.retrieval.served_ece()
