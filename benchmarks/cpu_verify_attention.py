@@ -1,10 +1,11 @@
 """Chain-only verify attention vs SGLang's torch_native EXTEND path, on the CPU, per 24-layer forward.
 
-    python benchmarks/cpu_verify_attention.py [--threads 2] [--out benchmarks/results/cpu_verify_attention.json]
+    python benchmarks/cpu_verify_attention.py [--threads 2] [--kv 150 600] [--out benchmarks/results/<name>.json]
 
 Shapes of the embedded target (Qwen2.5-Coder-0.5B: 14 query heads, 2 KV heads, head_dim 64, 24 layers), bf16,
-KV lengths ~150-210 tokens per request, chains of 2 and 8 tokens, batch 1 / 4 / 16. Both paths read the same
-paged cache; the outputs are checked equal before timing.
+KV lengths of --kv to --kv + 60 tokens per request, chains of 2, 4 and 8 tokens, batch 1 / 4 / 16. Three paths read
+the same paged cache: SGLang's, ours as served, and ours with one SDPA per chain (the path reduced-precision chains
+took before the fp32 products, MAX_FP32_ROWS = 1); their outputs are compared before timing.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's dspark_kernels/ package, not benchmarks/kernels.py
+import dspark_kernels.cpu_verify_attention as cva  # noqa: E402
 from dspark_kernels.cpu_verify_attention import chain_attention_sdpa  # noqa: E402
+from sglang_dspark.bench.machine import describe_machine  # noqa: E402
 
 H, HKV, HD, LAYERS = 14, 2, 64, 24
 
 
-def case(batch: int, chain: int, dtype=torch.bfloat16, seed: int = 0):
+def case(batch: int, chain: int, kv: int = 150, dtype=torch.bfloat16, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    kv_lens = [150 + (37 * i) % 60 for i in range(batch)]
+    kv_lens = [kv + (37 * i) % 60 for i in range(batch)]
     slots = torch.randperm(sum(kv_lens) + 8, generator=g)
     r2t = torch.zeros(batch, max(kv_lens), dtype=torch.int64)
     used = 0
@@ -52,40 +55,63 @@ def time_layers(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def time_interleaved(fns, repeats: int) -> list[float]:
+    """Median 24-layer time of each fn, timed in alternating order so drift on a shared 2-core VM hits all alike
+    (timed one after the other, the same two paths read 0.78-1.6x of each other from run to run)."""
+    times = [[] for _ in fns]
+    for r in range(repeats):
+        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            times[i].append(time_layers(fns[i], 1))
+    return [statistics.median(t) for t in times]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default="benchmarks/results/cpu_verify_attention.json")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--kv", type=int, nargs="+", default=[150])
+    ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     sglang_path = TorchNativeAttnBackend.__new__(TorchNativeAttnBackend)._run_sdpa_forward_extend  # stateless method
     rows = []
-    for batch in (1, 4, 16):
-        for chain in (2, 8):
-            q, k, v, r2t, rows_idx, lens, ext = case(batch, chain)
-            out_ours, out_theirs = torch.empty_like(q), torch.empty_like(q)
+    for kv in args.kv:
+        for batch in (1, 4, 16):
+            for chain in (2, 4, 8):
+                q, k, v, r2t, rows_idx, lens, ext = case(batch, chain, kv)
+                outs = {name: torch.empty_like(q) for name in ("ours", "sdpa", "theirs")}
 
-            def ours():
-                chain_attention_sdpa(q, out_ours, k, v, r2t, rows_idx, lens, ext, scale=HD ** -0.5)
+                def ours(out=outs["ours"]):
+                    chain_attention_sdpa(q, out, k, v, r2t, rows_idx, lens, ext, scale=HD ** -0.5)
 
-            def theirs():
-                sglang_path(q, out_theirs, k, v, r2t, rows_idx, lens, lens - ext, ext, None, scaling=HD ** -0.5,
-                            enable_gqa=True, causal=True)
+                def sdpa_per_chain(out=outs["sdpa"]):
+                    kept, cva.MAX_FP32_ROWS = cva.MAX_FP32_ROWS, 1
+                    try:
+                        chain_attention_sdpa(q, out, k, v, r2t, rows_idx, lens, ext, scale=HD ** -0.5)
+                    finally:
+                        cva.MAX_FP32_ROWS = kept
 
-            ours()
-            theirs()
-            err = float((out_ours.float() - out_theirs.float()).abs().max())
-            t_ours, t_theirs = time_layers(ours, args.repeats), time_layers(theirs, args.repeats)
-            row = {"batch": batch, "chain": chain, "sglang_torch_native_ms": round(1e3 * t_theirs, 2),
-                   "chain_only_ms": round(1e3 * t_ours, 2), "speedup": round(t_theirs / t_ours, 1),
-                   "max_abs_diff": err}
-            rows.append(row)
-            print(row, flush=True)
+                def theirs(out=outs["theirs"]):
+                    sglang_path(q, out, k, v, r2t, rows_idx, lens, lens - ext, ext, None, scaling=HD ** -0.5,
+                                enable_gqa=True, causal=True)
+
+                for fn in (ours, sdpa_per_chain, theirs):
+                    fn()
+                err = float((outs["ours"].float() - outs["theirs"].float()).abs().max())
+                t_ours, t_sdpa = time_interleaved((ours, sdpa_per_chain), args.repeats)
+                t_theirs = time_layers(theirs, 3)
+                row = {"kv": kv, "batch": batch, "chain": chain, "sglang_torch_native_ms": round(1e3 * t_theirs, 2),
+                       "chain_sdpa_ms": round(1e3 * t_sdpa, 2), "chain_only_ms": round(1e3 * t_ours, 2),
+                       "speedup": round(t_theirs / t_ours, 1), "vs_chain_sdpa": round(t_sdpa / t_ours, 2),
+                       "max_abs_diff": err}
+                rows.append(row)
+                print(row, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"threads": args.threads, "layers": LAYERS, "rows": rows}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({"command": "python " + " ".join(sys.argv), "machine": describe_machine(),
+                                          "threads": args.threads, "layers": LAYERS, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

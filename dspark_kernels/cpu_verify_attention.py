@@ -11,22 +11,27 @@ so it runs the exact call SGLang's decode path makes for that request.
 Layout is SGLang's: k_cache / v_cache [num_slots, Hkv, hd]; request r's KV slots are
 req_to_token[req_pool_indices[r], :seq_lens[r]]; queries are packed back to back [T, H, hd].
 
-bf16 / fp16 one-row chains (and plain decoding, sglang_plugin/cpu_decode_attention.py) run as two fp32 matrix
-products instead of SDPA: torch's CPU SDPA on one bf16 query row costs ~0.8 us per KV token for the embedded
-model's 14 heads (620 us per layer at 800 KV tokens on a 2-core EPYC Zen 4; two rows take about half that), and
-the fp32 products ~180 us. Those read the same, exactly upcast values and differ from SDPA in rounding
+bf16 / fp16 chains (and plain decoding, sglang_plugin/cpu_decode_attention.py) run as two fp32 matrix products
+instead of SDPA: torch's CPU SDPA on one bf16 query row costs ~0.8 us per KV token for the embedded model's 14 heads
+(620 us per layer at 800 KV tokens on a 2-core EPYC Zen 4; two rows take about half that), and the fp32 products
+~180 us. Chains of up to MAX_FP32_ROWS rows do the same with all their rows in one product per KV head and the
+causal mask applied to the chain's own n x n corner only (the other L - n columns are visible to every row): at
+300-1200 KV tokens and 2-8 rows that is 1.2-1.8x faster than SDPA with its full L-wide mask (2026-12-07, EPYC Zen 4,
+`benchmarks/cpu_verify_attention.py`). Those read the same, exactly upcast values and differ from SDPA in rounding
 only (fp32 accumulation, one rounding to the output dtype), the class of difference bf16 batch variance already
-has. Longer chains keep SDPA, faster than the fp32 products there (masking and 8x the rows); fp32 inputs keep
-SDPA, so fp32 results stay SGLang's own. Slots are gathered with index_select: ~6 us for 800 slots, where advanced
-indexing takes ~40 us.
+has. fp32 inputs keep SDPA, so fp32 results stay SGLang's own. Slots are gathered with index_select: ~6 us for 800
+slots, where advanced indexing takes ~40 us.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
 REDUCED_DTYPES = (torch.bfloat16, torch.float16)
+MAX_FP32_ROWS = 16  # reduced-precision chains up to this long take _chain_fp32 (a verify is at most gamma + 1 rows)
 
 
 def _one_row_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
@@ -37,6 +42,25 @@ def _one_row_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     qf = q.reshape(kv_heads, heads // kv_heads, hd).float()
     scores = torch.bmm(qf, k.float().transpose(1, 2)).mul_(hd ** -0.5 if scale is None else scale)
     return torch.bmm(torch.softmax(scores, dim=-1), v.float()).view(heads, 1, hd)
+
+
+@lru_cache(maxsize=64)
+def _future(n: int) -> torch.Tensor:
+    """Bool[n, n]: True where chain row i would see chain position j > i."""
+    return torch.ones(n, n, dtype=torch.bool).triu_(1)
+
+
+def _chain_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """q [n, H, hd] (a chain's rows, the last n of its L KV positions), k / v [L, Hkv, hd] -> fp32 [n, H, hd]: row i
+    sees KV positions j <= L - n + i. Query head h reads KV head h // (H / Hkv), as SDPA's enable_gqa does."""
+    n, heads, hd = q.shape
+    L, kv_heads = k.shape[0], k.shape[1]
+    g = heads // kv_heads
+    qf = q.float().view(n, kv_heads, g, hd).permute(1, 2, 0, 3).reshape(kv_heads, g * n, hd)
+    scores = torch.bmm(qf, k.float().permute(1, 2, 0)).mul_(hd ** -0.5 if scale is None else scale)
+    scores.view(kv_heads, g, n, L)[..., L - n:].masked_fill_(_future(n), float("-inf"))
+    out = torch.bmm(torch.softmax(scores, dim=-1), v.float().transpose(0, 1))  # [Hkv, g * n, hd]
+    return out.view(kv_heads, g, n, hd).permute(2, 0, 1, 3).reshape(n, heads, hd)
 
 
 def chain_attention_sdpa(
@@ -59,8 +83,12 @@ def chain_attention_sdpa(
         if n == 0:
             continue
         slots = req_to_token[row, :kv_len]
-        k = k_cache.index_select(0, slots).transpose(0, 1)  # [Hkv, L, hd]
-        v = v_cache.index_select(0, slots).transpose(0, 1)
+        k_rows, v_rows = k_cache.index_select(0, slots), v_cache.index_select(0, slots)  # [L, Hkv, hd]
+        if 1 < n <= MAX_FP32_ROWS and q_packed.dtype in REDUCED_DTYPES:
+            out[start:start + n] = _chain_fp32(q_packed[start:start + n], k_rows, v_rows, scale).to(out.dtype)
+            start += n
+            continue
+        k, v = k_rows.transpose(0, 1), v_rows.transpose(0, 1)  # [Hkv, L, hd]
         q = q_packed[start:start + n].transpose(0, 1)  # [H, n, hd]
         if n == 1 and q.dtype in REDUCED_DTYPES:
             out[start] = _one_row_fp32(q, k, v, scale)[:, 0].to(out.dtype)

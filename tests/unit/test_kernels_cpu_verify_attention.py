@@ -53,6 +53,28 @@ def test_bf16_close_to_fp32_reference():
     assert (out.float() - reference(q, k, v, r2t, rows, lens, ext)).abs().max() < 3e-2
 
 
+@pytest.mark.parametrize("chains, kv_lens", [([2], [9]), ([8], [30]), ([5, 5], [5, 11]), ([3, 0, 16], [40, 4, 16])])
+def test_bf16_chains_are_the_fp32_reference_rounded_once(chains, kv_lens):
+    """Reduced-precision chains are computed in fp32 from the exactly upcast values: within one bf16 rounding of
+    the fp32 reference (a chain as long as its KV included: the mask is then fully causal)."""
+    q, k, v, r2t, rows, lens, ext = ragged_case(chains, kv_lens, torch.bfloat16, seed=13)
+    out = chain_attention_sdpa(q, torch.zeros_like(q), k, v, r2t, rows, lens, ext)
+    ref = reference(q, k, v, r2t, rows, lens, ext)
+    assert torch.allclose(out.float(), ref, atol=1e-5, rtol=2 ** -8)
+
+
+def test_bf16_masking_is_causal_inside_the_chain():
+    q, k, v, r2t, rows, lens, ext = ragged_case([4], [10], torch.bfloat16, seed=5)
+    base = chain_attention_sdpa(q, torch.zeros_like(q), k, v, r2t, rows, lens, ext)
+    last_slot = r2t[rows[0], 9]
+    k2, v2 = k.clone(), v.clone()
+    k2[last_slot] += 5.0
+    v2[last_slot] -= 5.0
+    moved = chain_attention_sdpa(q, torch.zeros_like(q), k2, v2, r2t, rows, lens, ext)
+    assert torch.equal(moved[:3], base[:3])
+    assert not torch.allclose(moved[3].float(), base[3].float(), atol=1e-2)
+
+
 def test_masking_is_causal_inside_the_chain():
     """Changing the chain's LAST key/value must not change any earlier chain row; it must change the last row."""
     q, k, v, r2t, rows, lens, ext = ragged_case([4], [10], torch.float32, seed=5)
