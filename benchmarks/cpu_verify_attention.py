@@ -66,6 +66,26 @@ def time_interleaved(fns, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def plot(rows: list[dict], path: Path, machine: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"kv {r['kv']}\nB{r['batch']} n{r['chain']}" for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows)), 4))
+    ax.bar([i - 0.2 for i in x], [r["chain_sdpa_ms"] for r in rows], 0.4, label="one SDPA per chain")
+    ax.bar([i + 0.2 for i in x], [r["chain_only_ms"] for r in rows], 0.4, label="served (fp32 products)")
+    ax.set_xticks(list(x), labels, fontsize=6)
+    ax.set_ylabel("attention ms per 24-layer verify forward")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title(f"chain-verify attention, bf16; {machine}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -110,6 +130,7 @@ def main() -> None:
                 rows.append(row)
                 print(row, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    plot(rows, Path(args.out).with_suffix(".png"), describe_machine())
     Path(args.out).write_text(json.dumps({"command": "python " + " ".join(sys.argv), "machine": describe_machine(),
                                           "threads": args.threads, "layers": LAYERS, "rows": rows}, indent=2) + "\n")
 

@@ -30,6 +30,11 @@ FILE_NAME = "retrieval_confidence.json"
 FORMAT_VERSION = 2  # 2: a history axis; version 1 files (no history) load as the same prior for every history
 HISTORY_NONE, HISTORY_REJECTED, HISTORY_PARTIAL, HISTORY_FULL = range(4)
 HISTORY_STATES = 4
+# sources whose cells pool the match-length and history axes: the n-gram table's drafts are spread over 7 orders x 4
+# grades x 4 histories, so per cell a served run sees too few outcomes to correct its prior (c = 1, 2026-12-07:
+# position 2 predicted 0.54, accepted 0.39, windowed ECE twice its floor); pooled by grade and position, every
+# outcome refines the cell all its peers use (offline, benchmarks/table_prior_study.py: online log-loss 0.553 vs 0.560)
+POOLED_SOURCES = ("table",)
 
 
 def history_state(verified: int, accepted: int) -> int:
@@ -96,6 +101,7 @@ class RetrievalConfidence:
               match_lens=None, counts=None) -> np.ndarray:
         """Float[n] conditional acceptance probability of the chain's first n positions (n <= gamma)."""
         m, c = self.cells(match_len, count, n, match_lens, counts)
+        m, history = self._pool(source, m, history)
         ab = self.table[source][m, c, history, np.arange(n)]
         return ab[:, 0] / ab.sum(1)
 
@@ -103,7 +109,15 @@ class RetrievalConfidence:
         """Outcomes behind the cell's first position beyond the built-in prior's pseudo-counts: online verify
         outcomes, plus those of a fitted prior (fit_table's counts are real evidence, so its cells start explored)."""
         m, c = self.cell(match_len, count)
+        m, history = self._pool(source, m, history)
         return max(0, int(round(float(self.table[source][m, c, history, 0].sum()) - PRIOR_STRENGTH)))
+
+    @staticmethod
+    def _pool(source: str, m, history: int):
+        """(match bucket(s), history) a source's cell is indexed by: POOLED_SOURCES use bucket 0 and no history."""
+        if source in POOLED_SOURCES:
+            return np.zeros_like(m), HISTORY_NONE
+        return m, history
 
     # ------------------------------------------------------------------ learning
     def observe(self, source: str, match_len: int, count: int, predicted: np.ndarray, verified: int,
@@ -126,6 +140,7 @@ class RetrievalConfidence:
         nxt[k] += 1
         reached = min(accepted + 1, verified)  # position `accepted` was the first rejected one; later ones unseen
         m, c = self.cells(match_len, count, reached, match_lens, counts)
+        m, history = self._pool(source, m, history)
         pos = np.arange(reached)
         t = self.table[source]
         t[m, c, history, pos, (pos >= accepted).astype(int)] += 1.0

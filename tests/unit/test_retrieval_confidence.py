@@ -257,3 +257,38 @@ def test_the_ece_floor_is_what_a_calibrated_source_shows_and_a_miscalibrated_one
         over.observe("prompt", 4, 1, np.array([p]), verified=1, accepted=int(rng.random() < p / 2))
     assert over.ece("prompt")[0] > 3 * over.ece_floor("prompt")[0]
     assert np.isnan(RetrievalConfidence(gamma=2).ece_floor("corpus")).all()  # nothing scored yet
+
+
+def test_table_cells_pool_orders_and_histories_by_grade_while_prompt_cells_do_not():
+    """An n-gram table outcome seen under one context length and history refines the prediction of every table
+    draft of the same evidence grade and position; prompt lookup keeps its match-length and history cells apart."""
+    from sglang_dspark.retrieval.confidence import HISTORY_FULL, HISTORY_NONE
+
+    conf = RetrievalConfidence(3)
+    before = {s: conf.probs(s, 8, 4, 3, HISTORY_FULL) for s in ("table", "prompt")}
+    for _ in range(200):  # order 2, no history: always rejected at the first draft
+        for s in ("table", "prompt"):
+            conf.observe(s, 2, 4, conf.probs(s, 2, 4, 3), 3, 0, HISTORY_NONE)
+    after = {s: conf.probs(s, 8, 4, 3, HISTORY_FULL) for s in ("table", "prompt")}
+    assert after["table"][0] < 0.1 < before["table"][0]  # order 8 under a full history learnt it too
+    assert np.allclose(after["prompt"], before["prompt"])
+    assert conf.observations("table", 8, 4, HISTORY_FULL) >= 200
+    other_grade = conf.probs("table", 2, 1, 1)
+    assert other_grade[0] == pytest.approx(RetrievalConfidence(3).probs("table", 2, 1, 1)[0])
+
+
+def test_a_proposal_says_which_requests_have_a_chain_of_a_given_source():
+    """The plain streak peeks at prompt-lookup chains only (a copy), not at every table or corpus chain."""
+    import torch
+
+    from sglang_dspark.retrieval import Candidate
+    from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalProposal
+    from sglang_dspark.sglang_plugin.stats import SOURCE_PROMPT, SOURCE_TABLE
+
+    def cand(source):
+        return Candidate(tokens=np.array([1, 2]), match_len=2, count=1, source=source)
+
+    p = RetrievalProposal(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2), [cand(SOURCE_PROMPT), None,
+                                                                                   cand(SOURCE_TABLE)], ["a", "b", "c"])
+    assert p.has().tolist() == [True, False, True]
+    assert p.has(SOURCE_PROMPT).tolist() == [True, False, False]
