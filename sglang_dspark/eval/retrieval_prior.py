@@ -18,7 +18,8 @@ chat template, the assistant turn re-tokenised), with no server.
         --ngram-table <drafter>/ngram_table.npz
 
 builds the n-gram table of those answers (retrieval/ngram_table.py) and fits its confidence prior, leaving the
-prompt lookup's prior as it is; --table-fit says which answers score it against which table.
+prompt lookup's prior as it is; by default each answer is scored against a table of the other prompt families
+(--table-fit), as an eval prompt meets a table that never saw its prompt set.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "built from the rest, so it is scored on answers the table never saw")
     p.add_argument("--table-only", action="store_true",
                    help="with --ngram-table: keep the other sources' prior already at --out, refit the table's only")
-    p.add_argument("--table-fit", choices=TABLE_FITS, default="holdout",
-                   help="how the table prior is scored: a random held-out share against a table of the rest "
-                        "(default), or each answer against a table of the other prompt families")
+    p.add_argument("--table-fit", choices=TABLE_FITS, default="leave-family-out",
+                   help="how the table prior is scored: each answer against a table of the other prompt families "
+                        "(default), or a random held-out share against a table of the rest")
     p.add_argument("--table-holdout", type=float, default=0.1, help="with --table-fit holdout: share of sequences "
                    "the table prior is fitted on")
     return p.parse_args(argv)
@@ -91,17 +92,17 @@ def conversation_sequences(tok, paths: list[str]) -> list[tuple[list[int], list[
     return [(prompt, answer) for _, prompt, answer in conversation_rows(tok, paths)]
 
 
-TABLE_FITS = ("holdout", "leave-family-out")
+TABLE_FITS = ("leave-family-out", "holdout")
 
 
 def table_proposers(rows, fit: str, holdout: float):
     """(sequences scored, one propose per scored sequence) for the table prior.
 
-    holdout: every 1/holdout-th answer against a table of the rest. leave-family-out: every answer against a table
-    of the other prompt families only (holdout where there is one family), as a request from a prompt set the table
-    never saw would meet it. On eval-set answers (benchmarks/table_prior_study.py, 2026-12-07) neither is calibrated
-    frozen (ECE ~9-11% at position 1: eval answers are accepted less often than any seed answer), leave-family-out
-    is closer past position 1 but has the worse log-loss (0.68 vs 0.63), and refined online both read 2-3%."""
+    leave-family-out: every answer against a table of the other prompt families only (holdout where there is one
+    family), as a request from a prompt set the table never saw meets it. holdout: every 1/holdout-th answer against
+    a table of the rest. Scored on eval-set answers (benchmarks/table_prior_study.py, 2026-12-07, pooled cells),
+    leave-family-out's frozen ECE is 11% at position 1 and 1-6% at 2-7, holdout's 13% and 7-10% (over-confident past position 1: held-out
+    answers of the same families continue each other's phrases); refined online both have log-loss 0.560."""
     from sglang_dspark.retrieval import NgramTable
 
     families = sorted({f for f, _, _ in rows})
@@ -117,7 +118,7 @@ def table_proposers(rows, fit: str, holdout: float):
     return held, [lambda ctx, n: rest.candidate(ctx, n, source=3)] * len(held)
 
 
-def fit_ngram_table(rows, gamma: int, path: str, holdout: float, fit: str = "holdout") -> list:
+def fit_ngram_table(rows, gamma: int, path: str, holdout: float, fit: str = "leave-family-out") -> list:
     """Builds the n-gram table from every answer of `rows` (conversation_rows) into `path` and returns the table
     source's prior cells, fitted as table_proposers says."""
     from sglang_dspark.retrieval import NgramTable
