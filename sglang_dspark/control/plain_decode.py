@@ -126,8 +126,8 @@ class PlainStreak:
     well). A probe that verifies anything ends the streak.
 
     A skipped step still looks up its retrieval chains, which cost microseconds against a ~100 ms step: a chain
-    worth at least `PEEK_MIN_VALUE` expected accepted tokens (a prompt being copied: the worker peeks at prompt
-    lookup chains only) is planned at once, without a draft pass (`peek`). A peek that verifies something ends the streak; one the gate turns down leaves it as it
+    worth at least `PEEK_MIN_VALUE` expected accepted tokens (a prompt being copied) is planned at once, without a
+    draft pass (`peek`). A peek that verifies something ends the streak; one the gate turns down leaves it as it
     was (a peek is not a probe: it must not push the next probe further out)."""
 
     def __init__(self, quiet_after: int = 4, first: int = PROBE_FIRST, max_gap: int = PROBE_MAX_GAP):

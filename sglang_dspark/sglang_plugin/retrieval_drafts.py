@@ -38,10 +38,8 @@ class RetrievalProposal:
     rids: list  # per request: its rid (the key of its chain history)
     unexplored: torch.Tensor | None = None  # Bool[R]: its confidence cell has seen few verify outcomes yet
 
-    def has(self, source: int | None = None) -> torch.Tensor:
-        """Bool[R]: requests with a chain (of `source` only, when given)."""
-        return torch.tensor([c is not None and (source is None or c.source == source) for c in self.candidates],
-                            dtype=torch.bool)
+    def has(self) -> torch.Tensor:
+        return torch.tensor([c is not None for c in self.candidates], dtype=torch.bool)
 
 
 class RetrievalDrafter:

@@ -49,7 +49,7 @@ from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalDrafter, Retri
 from sglang_dspark.sglang_plugin.state import DSparkDraftState
 from sglang_dspark.sglang_plugin.target_sampling import (apply_custom_processors, custom_processor_rows,
                                                          processed_logits, sample_plain, samples_plain_itself)
-from sglang_dspark.sglang_plugin.stats import SOURCE_DRAFTER, SOURCE_PROMPT, StepStats, StepTrace, WorkerCounters
+from sglang_dspark.sglang_plugin.stats import SOURCE_DRAFTER, StepStats, StepTrace, WorkerCounters
 from sglang_dspark.sglang_plugin.step_profile import StepProfiler, install_module_sections, section
 from sglang_dspark.sglang_plugin.verify_attention import install_chain_verify, verify_attention
 from sglang_dspark.sglang_plugin.verify_batch import (rewrite_as_plain_decode, rewrite_as_verify_extend,
@@ -347,9 +347,7 @@ class DSparkExtWorker(BaseSpecWorker):
         retrieval, looked, peeked = None, False, False
         if unplanned and self.options.streak_peek:  # a chain being copied is worth planning for, streak or not
             retrieval, looked = self._retrieve(batch, caps, grammar_rows), True
-            # copies only: with n-gram table and corpus chains a batch of 8 had one worth 0.5 tokens nearly every step,
-            # so the streak never held (0 of 777 steps unplanned, 674 peeks at tau ~1.04; c = 8, 2026-12-07)
-            peeked = retrieval is not None and peek_worthy(retrieval.probs, retrieval.has(SOURCE_PROMPT))
+            peeked = retrieval is not None and peek_worthy(retrieval.probs, retrieval.has())
             unplanned = not peeked
         if self.sync.flag(unplanned):  # plans kept verifying nothing: no drafts or plan this step
             if not looked:

@@ -276,19 +276,3 @@ def test_table_cells_pool_orders_and_histories_by_grade_while_prompt_cells_do_no
     other_grade = conf.probs("table", 2, 1, 1)
     assert other_grade[0] == pytest.approx(RetrievalConfidence(3).probs("table", 2, 1, 1)[0])
 
-
-def test_a_proposal_says_which_requests_have_a_chain_of_a_given_source():
-    """The plain streak peeks at prompt-lookup chains only (a copy), not at every table or corpus chain."""
-    import torch
-
-    from sglang_dspark.retrieval import Candidate
-    from sglang_dspark.sglang_plugin.retrieval_drafts import RetrievalProposal
-    from sglang_dspark.sglang_plugin.stats import SOURCE_PROMPT, SOURCE_TABLE
-
-    def cand(source):
-        return Candidate(tokens=np.array([1, 2]), match_len=2, count=1, source=source)
-
-    p = RetrievalProposal(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2), [cand(SOURCE_PROMPT), None,
-                                                                                   cand(SOURCE_TABLE)], ["a", "b", "c"])
-    assert p.has().tolist() == [True, False, True]
-    assert p.has(SOURCE_PROMPT).tolist() == [True, False, False]
