@@ -56,6 +56,29 @@ def walk(conf: RetrievalConfidence, seqs, gamma: int, use_history: bool, online:
     return {"ece_by_position": ece, "logloss_per_position": loss / max(1, positions), "positions": positions}
 
 
+def plot_ece(rows: list[dict], gamma: int, ylabel: str, title: str, path: Path) -> None:
+    """Per-position ECE of every variant, frozen prior beside online-refined one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, online in zip(axes, (False, True)):
+        for r in rows:
+            if r["online"] == online:
+                ax.plot(range(1, gamma + 1), r["ece_by_position"], marker="o",
+                        label=f"{r['variant']} (log-loss {r['logloss_per_position']:.3f})")
+        ax.axhline(0.03, color="grey", ls="--", lw=0.8)
+        ax.set(xlabel="draft position", title="prior refined online" if online else "prior frozen")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0].set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     from transformers import AutoTokenizer
 
@@ -92,26 +115,9 @@ def main() -> None:
               "fit_answers": len(fit), "scored_answers": len(score), "gamma": G, "rows": rows}
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, online in zip(axes, (False, True)):
-        for r in rows:
-            if r["online"] == online:
-                ax.plot(range(G), r["ece_by_position"], marker="o",
-                        label=f"{r['variant']} (log-loss {r['logloss_per_position']:.3f})")
-        ax.axhline(0.03, color="grey", ls="--", lw=0.8)
-        ax.set(xlabel="draft position", title="prior refined online" if online else "prior frozen")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    axes[0].set_ylabel("ECE of prefix survival (held-out answers)")
-    fig.suptitle(f"retrieval prior study: {len(score)} held-out greedy answers; {describe_machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
-
+    plot_ece(rows, G, "ECE of prefix survival (held-out answers)",
+             f"retrieval prior study: {len(score)} held-out greedy answers; {describe_machine()}",
+             out.with_suffix(".png"))
 
 if __name__ == "__main__":
     main()

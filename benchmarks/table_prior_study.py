@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retrieval_prior_study import walk  # noqa: E402
+from retrieval_prior_study import plot_ece, walk  # noqa: E402
 
 from sglang_dspark.bench.machine import describe_machine  # noqa: E402
 from sglang_dspark.retrieval import NgramTable  # noqa: E402
@@ -73,27 +73,8 @@ def main() -> None:
               "eval_answers": len(evals), "gamma": G, "rows": rows}
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, online in zip(axes, (False, True)):
-        for r in rows:
-            if r["online"] == online:
-                ax.plot(range(1, G + 1), r["ece_by_position"], marker="o",
-                        label=f"{r['variant']} (log-loss {r['logloss_per_position']:.3f})")
-        ax.axhline(0.03, color="grey", ls="--", lw=0.8)
-        ax.set(xlabel="draft position", title="prior refined online" if online else "prior frozen")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("ECE of prefix survival (eval answers)")
-    fig.suptitle(f"n-gram table prior: {len(evals)} eval answers, table of {full.tokens} seed tokens; "
-                 f"{describe_machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
-
+    plot_ece(rows, G, "ECE of prefix survival (eval answers)", f"n-gram table prior: {len(evals)} eval answers, table "
+             f"of {full.tokens} seed tokens; {describe_machine()}", out.with_suffix(".png"))
 
 if __name__ == "__main__":
     main()

@@ -101,8 +101,9 @@ def table_proposers(rows, fit: str, holdout: float):
     leave-family-out: every answer against a table of the other prompt families only (holdout where there is one
     family), as a request from a prompt set the table never saw meets it. holdout: every 1/holdout-th answer against
     a table of the rest. Scored on eval-set answers (benchmarks/table_prior_study.py, 2026-12-07, pooled cells),
-    leave-family-out's frozen ECE is 11% at position 1 and 1-6% at 2-7, holdout's 13% and 7-10% (over-confident past position 1: held-out
-    answers of the same families continue each other's phrases); refined online both have log-loss 0.560."""
+    leave-family-out's frozen ECE is 11% at position 1 and 1-6% at 2-7, holdout's 13% and 7-10% (over-confident past
+    position 1: held-out answers of the same families continue each other's phrases); refined online both have
+    log-loss 0.560."""
     from sglang_dspark.retrieval import NgramTable
 
     families = sorted({f for f, _, _ in rows})

@@ -63,8 +63,10 @@ def test_bf16_chains_are_the_fp32_reference_rounded_once(chains, kv_lens):
     assert torch.allclose(out.float(), ref, atol=1e-5, rtol=2 ** -8)
 
 
-def test_bf16_masking_is_causal_inside_the_chain():
-    q, k, v, r2t, rows, lens, ext = ragged_case([4], [10], torch.bfloat16, seed=5)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masking_is_causal_inside_the_chain(dtype):
+    """Changing the chain's LAST key/value must not change any earlier chain row; it must change the last row."""
+    q, k, v, r2t, rows, lens, ext = ragged_case([4], [10], dtype, seed=5)
     base = chain_attention_sdpa(q, torch.zeros_like(q), k, v, r2t, rows, lens, ext)
     last_slot = r2t[rows[0], 9]
     k2, v2 = k.clone(), v.clone()
@@ -73,19 +75,6 @@ def test_bf16_masking_is_causal_inside_the_chain():
     moved = chain_attention_sdpa(q, torch.zeros_like(q), k2, v2, r2t, rows, lens, ext)
     assert torch.equal(moved[:3], base[:3])
     assert not torch.allclose(moved[3].float(), base[3].float(), atol=1e-2)
-
-
-def test_masking_is_causal_inside_the_chain():
-    """Changing the chain's LAST key/value must not change any earlier chain row; it must change the last row."""
-    q, k, v, r2t, rows, lens, ext = ragged_case([4], [10], torch.float32, seed=5)
-    base = chain_attention_sdpa(q, torch.zeros_like(q), k, v, r2t, rows, lens, ext)
-    last_slot = r2t[rows[0], 9]
-    k2, v2 = k.clone(), v.clone()
-    k2[last_slot] += 5.0
-    v2[last_slot] -= 5.0
-    moved = chain_attention_sdpa(q, torch.zeros_like(q), k2, v2, r2t, rows, lens, ext)
-    assert torch.equal(moved[:3], base[:3])
-    assert not torch.allclose(moved[3], base[3], atol=1e-3)
 
 
 def test_equals_sglang_torch_native_extend():
