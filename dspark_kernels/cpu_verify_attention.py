@@ -16,7 +16,8 @@ instead of SDPA: torch's CPU SDPA on one bf16 query row costs ~0.8 us per KV tok
 (620 us per layer at 800 KV tokens on a 2-core EPYC Zen 4; two rows take about half that), and the fp32 products
 ~180 us. Chains of up to MAX_FP32_ROWS rows do the same with all their rows in one product per KV head and the
 causal mask applied to the chain's own n x n corner only (the other L - n columns are visible to every row): at
-300-1200 KV tokens and 2-8 rows that is 1.2-1.8x faster than SDPA with its full L-wide mask (2026-12-07, EPYC Zen 4,
+batch 1, 150-660 KV tokens and 2-8 rows that is 1.10-1.62x faster than SDPA with its full L-wide mask, at batch 4-16
+1.07-1.71x except 8-row chains over 600+ KV tokens (0.88-1.27x between runs) (2026-12-07, EPYC Zen 4,
 `benchmarks/cpu_verify_attention.py`). Those read the same, exactly upcast values and differ from SDPA in rounding
 only (fp32 accumulation, one rounding to the output dtype), the class of difference bf16 batch variance already
 has. fp32 inputs keep SDPA, so fp32 results stay SGLang's own. Slots are gathered with index_select: ~6 us for 800

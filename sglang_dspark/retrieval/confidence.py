@@ -261,17 +261,17 @@ def served_chains(prompt, output, gamma: int, start: int = 0, propose=None):
 
 
 def fit_table(sequences, gamma: int, max_prior: float = PRIOR_CAP, source: str = "prompt",
-              propose=None, proposers=None) -> RetrievalConfidence:
+              proposers=None) -> RetrievalConfidence:
     """Offline prior from greedy target outputs: per (prompt ids, output ids) pair, `gamma` served_chains walks
     (starting at output positions 0..gamma-1), each chain observed under the history its walk had. Counts are capped
     at `max_prior` per cell and position: requests differ more than cells tell, so the prior only has to start a
     cell near its population rate and let the request mix served take over within a few outcomes
     (benchmarks/retrieval_prior_study.py: capped at 8, online ECE 2-3% on held-out answers; capped at 200, 8-9%).
-    source / propose: which source's cells are fitted, from which chains (default: prompt lookup's); proposers: one
-    propose per sequence instead (a table that never saw that sequence's own prompt family, say)."""
+    source / proposers: which source's cells are fitted, from which chains: one served_chains `propose` per sequence
+    (a table that never saw that sequence's own prompt family, say; default: prompt lookup's)."""
     conf = RetrievalConfidence(gamma, sources=(source,))
     for i, (prompt, output) in enumerate(sequences):
-        draw = proposers[i] if proposers is not None else propose
+        draw = proposers[i] if proposers is not None else None
         for start in range(min(gamma, len(output))):
             for cand, n, accepted, history in served_chains(prompt, output, gamma, start, draw):
                 extra = {"match_lens": cand.match_lens, "counts": cand.counts}
