@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +29,8 @@ from sglang_dspark.bench.prompts import eval_mix  # noqa: E402
 from sglang_dspark.bench.server import ServerProcess  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
+# the dev venv's py-spy, whether or not the venv is on PATH
+PY_SPY = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
 
 
 def _stat_fields(path: str) -> tuple[str, list[str]]:
@@ -65,7 +68,7 @@ def scheduler_pid(srv: ServerProcess) -> int:
 def measure(srv: ServerProcess, name: str, rnd: int, prompts, args) -> dict:
     spy, before = None, None
     if args.mode == "pyspy":
-        spy = subprocess.Popen(["py-spy", "record", "-p", str(scheduler_pid(srv)), "-r", "50", "--nonblocking",
+        spy = subprocess.Popen([PY_SPY, "record", "-p", str(scheduler_pid(srv)), "-r", "50", "--nonblocking",
                                 "-f", "raw", "-o", f"{args.out}/spy_{name}_{rnd}.txt", "-d", "3600"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
