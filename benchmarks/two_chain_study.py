@@ -3,7 +3,8 @@ chain, both from the same anchor) beat verifying the better one? Scored offline 
 server at c = 1 walks them: per step, each source's chain is cut at the length that maximises its expected accepted
 drafts minus the price of its verify rows (the shipped confidences, frozen), then
 
-  single  verifies the chain worth more (source_choice.proposal_value), as served;
+  single  verifies the chain with the larger expected accepted drafts over its whole length (the choice
+          RetrievalDrafter.propose makes among retrieval sources), as served;
   tree    verifies both and keeps the longer accepted prefix, paying for both chains' rows.
 
 Step time is modelled as plain_ms + row_ms * verified rows (the measured c = 1 step costs on the CPU named in the
@@ -25,20 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_dspark.bench.machine import describe_machine  # noqa: E402
 from sglang_dspark.retrieval import NgramTable, prompt_candidate  # noqa: E402
-from sglang_dspark.retrieval.confidence import RetrievalConfidence  # noqa: E402
+from sglang_dspark.retrieval.confidence import FILE_NAME, RetrievalConfidence  # noqa: E402
+from seed_table_study import accepted  # noqa: E402
 
 
-def best_cut(p: np.ndarray, price: float) -> tuple[int, float]:
+def best_cut(p: np.ndarray, price: float) -> int:
+    """How many drafts to verify: the l maximising sum_{j<l} S_j - price * l (0 where no l gains)."""
     gain = np.cumsum(np.cumprod(p) - price)
-    if gain.size == 0 or gain.max() <= 0:
-        return 0, 0.0
-    return int(gain.argmax()) + 1, float(gain.max())
-
-
-def accepted(tokens: np.ndarray, truth: np.ndarray, n: int) -> int:
-    n = min(n, truth.size)
-    same = tokens[:n] == truth[:n]
-    return n if bool(same.all()) else int(np.argmin(same))
+    return int(gain.argmax()) + 1 if gain.size and gain.max() > 0 else 0
 
 
 def walk(seqs, table, conf, gamma: int, plain_ms: float, row_ms: float, scheme: str) -> dict:
@@ -58,16 +53,16 @@ def walk(seqs, table, conf, gamma: int, plain_ms: float, row_ms: float, scheme: 
                         continue
                     p = conf.probs(name, cand.match_len, cand.count, min(gamma, cand.tokens.size), 0,
                                    cand.match_lens, cand.counts)
-                    n, value = best_cut(np.asarray(p), price)
+                    n = best_cut(np.asarray(p), price)
                     if n:
-                        chains.append((value, n, cand))
+                        chains.append((float(np.cumprod(p).sum()), n, cand))
             if not chains:
                 a, rows = 0, 0
             elif scheme == "single":
                 _, n, cand = max(chains, key=lambda x: x[0])
-                a, rows = accepted(cand.tokens, truth, n), n
+                a, rows = accepted(cand.tokens[:n], truth), n
             else:
-                accs = [accepted(cand.tokens, truth, n) for _, n, cand in chains]
+                accs = [accepted(cand.tokens[:n], truth) for _, n, cand in chains]
                 a, rows = max(accs), sum(n for _, n, _ in chains)
                 if len(chains) == 2:
                     two += 1
@@ -99,7 +94,7 @@ def main() -> None:
     seqs = conversation_sequences(AutoTokenizer.from_pretrained(str(DEFAULT_TARGET_DIR)), args.eval)
     drafter = Path(args.drafter)
     table = NgramTable.load(drafter / "ngram_table.npz")
-    conf = RetrievalConfidence.from_file(args.gamma, drafter / "retrieval_confidence.json")
+    conf = RetrievalConfidence.from_file(args.gamma, drafter / FILE_NAME)
     rows = [walk(seqs, table, conf, args.gamma, args.plain_ms, args.row_ms, s) for s in ("plain", "single", "tree")]
     base = rows[0]["tok_per_s"]
     for r in rows:
